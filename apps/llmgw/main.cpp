@@ -1,0 +1,14 @@
+// llmgw: one binary, one subcommand per role or tool.
+#include "apps/llmgw/commands.hpp"
+
+#include <CLI/CLI.hpp>
+
+int main(int argc, char** argv) {
+  CLI::App app{"llmgw: a KV-cache-aware gateway for fleets of vLLM engines"};
+  app.require_subcommand(1);
+  int exit_code = 0;
+  llmgw::apps::add_hash_command(app, exit_code);
+  llmgw::apps::add_events_command(app, exit_code);
+  CLI11_PARSE(app, argc, argv);
+  return exit_code;
+}

@@ -1,0 +1,87 @@
+#include "tests/unit/support.hpp"
+
+#include <boost/json.hpp>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <dirent.h>
+#include <fstream>
+#include <sstream>
+
+namespace llmgw::test {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in.good()) << "cannot read " << path;
+  std::ostringstream buf;
+  buf << in.rdbuf();
+  return buf.str();
+}
+
+std::string from_hex(const std::string& hex) {
+  std::string out;
+  int high = -1;
+  for (char c : hex) {
+    if (std::isspace(static_cast<unsigned char>(c)))
+      continue;
+    int v = std::isdigit(static_cast<unsigned char>(c)) ? c - '0'
+            : (c >= 'a' && c <= 'f')                    ? c - 'a' + 10
+            : (c >= 'A' && c <= 'F')                    ? c - 'A' + 10
+                                                        : -1;
+    if (v < 0) {
+      ADD_FAILURE() << "bad hex character '" << c << "'";
+      return out;
+    }
+    if (high < 0) {
+      high = v;
+    } else {
+      out.push_back(static_cast<char>(high << 4 | v));
+      high = -1;
+    }
+  }
+  EXPECT_LT(high, 0) << "odd number of hex digits";
+  return out;
+}
+
+std::string to_hex(const std::string& bytes) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out.push_back(digits[c >> 4]);
+    out.push_back(digits[c & 0xf]);
+  }
+  return out;
+}
+
+boost::json::value read_json(const std::string& path) {
+  boost::system::error_code ec;
+  auto value = boost::json::parse(read_file(path), ec);
+  EXPECT_FALSE(ec) << path << ": " << ec.message();
+  return value;
+}
+
+std::string capture_path(const std::string& name) {
+  return std::string(LLMGW_SHARED_DIR) + "/vllm-captures/" + name;
+}
+
+std::vector<std::string> capture_names() {
+  std::vector<std::string> names;
+  auto dir_path = std::string(LLMGW_SHARED_DIR) + "/vllm-captures";
+  if (auto* dir = opendir(dir_path.c_str())) {
+    while (auto* entry = readdir(dir)) {
+      std::string name = entry->d_name;
+      if (name.size() > 5 && name.compare(name.size() - 5, 5, ".json") == 0)
+        names.push_back(name);
+    }
+    closedir(dir);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::string source_path(const std::string& relative) {
+  return std::string(LLMGW_SOURCE_DIR) + "/" + relative;
+}
+
+} // namespace llmgw::test

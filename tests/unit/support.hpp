@@ -1,0 +1,32 @@
+// Helpers shared by the unit tests: files, hex, and the captures' location.
+#pragma once
+
+#include <boost/json/value.hpp>
+
+#include <string>
+#include <vector>
+
+namespace llmgw::test {
+
+/// The whole content of a file; fails the test (and returns "") if unreadable.
+std::string read_file(const std::string& path);
+
+/// Bytes from hex, whitespace ignored; aborts the test on bad hex.
+std::string from_hex(const std::string& hex);
+
+/// Lowercase hex of bytes.
+std::string to_hex(const std::string& bytes);
+
+/// A parsed JSON document.
+boost::json::value read_json(const std::string& path);
+
+/// Absolute path of a file in ../shared/vllm-captures.
+std::string capture_path(const std::string& name);
+
+/// Names of every capture file (the 24 *.json), sorted.
+std::vector<std::string> capture_names();
+
+/// Absolute path of a file in the source tree.
+std::string source_path(const std::string& relative);
+
+} // namespace llmgw::test
