@@ -69,8 +69,8 @@ void append_block_cbor(std::string& out, const digest& parent, const std::uint32
 /// The canonical CBOR of a text string (NONE_HASH's input).
 std::string cbor_text(std::string_view text);
 
-/// SHA-256 with OpenSSL's EVP interface, one context reused for many digests.
-/// Not thread-safe: one per thread.
+/// SHA-256 by OpenSSL, one context reused for many digests. Not thread-safe:
+/// one per thread.
 class sha256 {
 public:
   sha256();
