@@ -201,8 +201,7 @@ struct sha256::impl {
   SHA256_CTX ctx;
 };
 
-sha256::sha256() : impl_(std::make_unique<impl>()) {
-}
+sha256::sha256() : impl_(std::make_unique<impl>()) {}
 
 sha256::~sha256() = default;
 
@@ -227,8 +226,8 @@ block_hasher::block_hasher(std::string_view seed, std::size_t block_size)
   buffer_.reserve(64 + 5 * block_size);
 }
 
-digest block_hasher::hash_one(const digest& parent, const std::uint32_t* tokens,
-                              std::size_t count, const block_extra& extra) {
+digest block_hasher::hash_one(const digest& parent, const std::uint32_t* tokens, std::size_t count,
+                              const block_extra& extra) {
   if (extra) {
     buffer_.clear();
     append_block_cbor(buffer_, parent, tokens, count, extra);

@@ -324,21 +324,69 @@ private:
     return wrong_type(obj, "an event (array or map)");
   }
 
-  // Positional field order of the array shape, after the tag.
-  static constexpr const char* stored_fields[] = {"block_hashes",
-                                                  "parent_block_hash",
-                                                  "token_ids",
-                                                  "block_size",
-                                                  "lora_id",
-                                                  "medium",
-                                                  "lora_name",
-                                                  "extra_keys",
-                                                  "group_idx",
-                                                  "kv_cache_spec_kind",
-                                                  "kv_cache_spec_sliding_window",
-                                                  "locality"};
-  static constexpr const char* removed_fields[] = {"block_hashes", "medium", "group_idx",
-                                                   "locality"};
+  // Every field an event has had, in BlockStored's positional order.
+  enum class field : std::uint8_t {
+    block_hashes,
+    parent_block_hash,
+    token_ids,
+    block_size,
+    lora_id,
+    medium,
+    lora_name,
+    extra_keys,
+    group_idx,
+    kv_cache_spec_kind,
+    kv_cache_spec_sliding_window,
+    locality,
+    unknown,
+  };
+
+  static constexpr const char* field_names[] = {"block_hashes",
+                                                "parent_block_hash",
+                                                "token_ids",
+                                                "block_size",
+                                                "lora_id",
+                                                "medium",
+                                                "lora_name",
+                                                "extra_keys",
+                                                "group_idx",
+                                                "kv_cache_spec_kind",
+                                                "kv_cache_spec_sliding_window",
+                                                "locality"};
+
+  // Positional order of the array shape, after the tag.
+  static constexpr field stored_fields[] = {field::block_hashes,
+                                            field::parent_block_hash,
+                                            field::token_ids,
+                                            field::block_size,
+                                            field::lora_id,
+                                            field::medium,
+                                            field::lora_name,
+                                            field::extra_keys,
+                                            field::group_idx,
+                                            field::kv_cache_spec_kind,
+                                            field::kv_cache_spec_sliding_window,
+                                            field::locality};
+  static constexpr field removed_fields[] = {field::block_hashes, field::medium, field::group_idx,
+                                             field::locality};
+
+  static const char* name_of(field f) { return field_names[static_cast<std::size_t>(f)]; }
+
+  /// The field a map key names, if the event kind has it.
+  static field field_of(std::string_view key, event_kind kind) {
+    field f = field::unknown;
+    for (std::size_t i = 0; i < std::size(field_names); ++i) {
+      std::string_view name = field_names[i];
+      if (key.size() == name.size() && key[0] == name[0] && key == name) {
+        f = static_cast<field>(i);
+        break;
+      }
+    }
+    if (kind == event_kind::block_removed && f != field::block_hashes && f != field::medium
+        && f != field::group_idx && f != field::locality)
+      return field::unknown; // a stored-only name on a removal is skipped like any unknown key
+    return f;
+  }
 
   bool decode_array_event(const msgpack::object_array& arr, kv_event& ev) {
     if (arr.size == 0)
@@ -349,17 +397,17 @@ private:
     // BlockStored fields and BlockRemoved's block_hashes.
     std::size_t minimum = 1;
     std::size_t known = 0;
-    const char* const* names = nullptr;
+    const field* order = nullptr;
     switch (ev.kind) {
     case event_kind::block_stored:
       minimum = 6;
       known = std::size(stored_fields);
-      names = stored_fields;
+      order = stored_fields;
       break;
     case event_kind::block_removed:
       minimum = 2;
       known = std::size(removed_fields);
-      names = removed_fields;
+      order = removed_fields;
       break;
     case event_kind::all_blocks_cleared:
       return true;
@@ -369,7 +417,7 @@ private:
                   fmt::format("{} elements, expected at least {}", arr.size, minimum));
     auto present = std::min<std::size_t>(arr.size - 1, known);
     for (std::size_t i = 0; i < present; ++i)
-      if (!decode_field(names[i], arr.ptr[i + 1], ev))
+      if (!decode_field(order[i], arr.ptr[i + 1], ev))
         return false;
     return true;
   }
@@ -387,59 +435,41 @@ private:
       return fail(errc::bad_value, "map event without a 'type' key");
     if (!decode_tag(*type, ev.kind))
       return false;
-    const char* const* names = nullptr;
-    std::size_t known = 0;
-    switch (ev.kind) {
-    case event_kind::block_stored:
-      names = stored_fields;
-      known = std::size(stored_fields);
-      break;
-    case event_kind::block_removed:
-      names = removed_fields;
-      known = std::size(removed_fields);
-      break;
-    case event_kind::all_blocks_cleared:
-      break;
-    }
-    std::uint32_t seen = 0; // one bit per known field, to refuse duplicates
-    bool have_hashes = false;
+    if (ev.kind == event_kind::all_blocks_cleared)
+      return true;          // nothing else to read; other keys are skipped
+    std::uint32_t seen = 0; // one bit per field, to refuse duplicates
     for (std::uint32_t i = 0; i < map.size; ++i) {
       const auto& key = map.ptr[i].key;
       if (key.type != msgpack::type::STR) {
         pos_.field = nullptr;
         return wrong_type(key, "a str map key");
       }
-      auto name = as_view(key);
-      for (std::size_t f = 0; f < known; ++f) {
-        if (name != names[f])
-          continue;
-        if (seen & (1u << f)) {
-          pos_.field = names[f];
-          return fail(errc::bad_value, "key appears twice");
-        }
-        seen |= 1u << f;
-        if (f == 0)
-          have_hashes = true;
-        if (!decode_field(names[f], map.ptr[i].val, ev))
-          return false;
-        break;
+      auto f = field_of(as_view(key), ev.kind);
+      if (f == field::unknown)
+        continue; // "type", and keys a newer vLLM may add
+      auto bit = 1u << static_cast<unsigned>(f);
+      if (seen & bit) {
+        pos_.field = name_of(f);
+        return fail(errc::bad_value, "key appears twice");
       }
-      // Unknown keys (and "type") are skipped: newer vLLM may add fields.
+      seen |= bit;
+      if (!decode_field(f, map.ptr[i].val, ev))
+        return false;
     }
-    if (known > 0 && !have_hashes) {
-      pos_.field = "block_hashes";
+    if (!(seen & 1u)) {
+      pos_.field = name_of(field::block_hashes);
       return fail(errc::bad_value, "missing");
     }
     return true;
   }
 
-  bool decode_field(const char* name, const msgpack::object& obj, kv_event& ev) {
-    pos_.field = name;
+  bool decode_field(field f, const msgpack::object& obj, kv_event& ev) {
+    pos_.field = name_of(f);
     pos_.element = std::numeric_limits<std::size_t>::max();
-    std::string_view field{name};
-    if (field == "block_hashes")
+    switch (f) {
+    case field::block_hashes:
       return hash_list(obj, ev.block_hashes);
-    if (field == "parent_block_hash") {
+    case field::parent_block_hash: {
       if (obj.type == msgpack::type::NIL) {
         ev.parent_block_hash.reset();
         return true;
@@ -450,26 +480,29 @@ private:
       ev.parent_block_hash = parent;
       return true;
     }
-    if (field == "token_ids")
+    case field::token_ids:
       return token_list(obj, ev.token_ids);
-    if (field == "block_size")
+    case field::block_size:
       return uint32_value(obj, ev.block_size);
-    if (field == "lora_id")
+    case field::lora_id:
       return optional_int(obj, ev.lora_id);
-    if (field == "medium")
+    case field::medium:
       return optional_str(obj, ev.medium);
-    if (field == "lora_name")
+    case field::lora_name:
       return optional_str(obj, ev.lora_name);
-    if (field == "extra_keys")
+    case field::extra_keys:
       return extra_keys(obj, ev.extra_keys);
-    if (field == "group_idx")
+    case field::group_idx:
       return optional_int(obj, ev.group_idx);
-    if (field == "kv_cache_spec_kind")
+    case field::kv_cache_spec_kind:
       return optional_str(obj, ev.kv_cache_spec_kind);
-    if (field == "kv_cache_spec_sliding_window")
+    case field::kv_cache_spec_sliding_window:
       return optional_int(obj, ev.kv_cache_spec_sliding_window);
-    if (field == "locality")
+    case field::locality:
       return optional_str(obj, ev.locality);
+    case field::unknown:
+      break;
+    }
     return true;
   }
 

@@ -1,0 +1,36 @@
+// Shared pieces of llmgw-bench: timing, medians, and the report format.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace llmgw::bench {
+
+/// Seconds taken by one call of `fn`.
+template <class F>
+double time_once(F&& fn) {
+  auto start = std::chrono::steady_clock::now();
+  fn();
+  std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+  return took.count();
+}
+
+/// The median of a sample (copied, so the caller's order is kept).
+inline double median(std::vector<double> xs) {
+  if (xs.empty())
+    return 0;
+  std::sort(xs.begin(), xs.end());
+  auto n = xs.size();
+  return n % 2 ? xs[n / 2] : (xs[n / 2 - 1] + xs[n / 2]) / 2;
+}
+
+/// Prints one result line: "name  value unit  [note]", aligned.
+void report(const std::string& name, double value, const std::string& unit,
+            const std::string& note = "");
+
+/// `llmgw-bench wire`: decoding and hashing throughput.
+int run_wire_bench(int rounds);
+
+} // namespace llmgw::bench

@@ -1,0 +1,29 @@
+// llmgw-bench: one subcommand per area; each prints medians and ratios
+// measured side by side in one run.
+#include "bench/bench.hpp"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+namespace llmgw::bench {
+
+void report(const std::string& name, double value, const std::string& unit,
+            const std::string& note) {
+  fmt::print("{:<52} {:>14.3f} {:<12} {}\n", name, value, unit, note);
+}
+
+} // namespace llmgw::bench
+
+int main(int argc, char** argv) {
+  CLI::App app{"llmgw-bench: throughput and latency of llmgw's parts"};
+  app.require_subcommand(1);
+  int rounds = 15;
+  int exit_code = 0;
+  auto* wire = app.add_subcommand("wire", "vLLM event decoding and block hashing");
+  wire->add_option("--rounds", rounds, "timed rounds per measurement (median reported)")
+    ->check(CLI::Range(3, 1000))
+    ->capture_default_str();
+  wire->callback([&] { exit_code = llmgw::bench::run_wire_bench(rounds); });
+  CLI11_PARSE(app, argc, argv);
+  return exit_code;
+}
