@@ -7,6 +7,7 @@
 #define OPENSSL_SUPPRESS_DEPRECATED
 #include <openssl/sha.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -162,8 +163,7 @@ char* write_plain_block(char* p, const digest& parent, const std::uint32_t* toke
   p += parent.size();
   std::string head;
   append_head(head, major_array, count);
-  std::memcpy(p, head.data(), head.size());
-  p += head.size();
+  p = std::copy(head.begin(), head.end(), p);
   for (std::size_t i = 0; i < count; ++i)
     p = write_unsigned(p, tokens[i]);
   return p;

@@ -248,7 +248,7 @@ public:
   }
 
 private:
-  bool fail(errc code, std::string what) {
+  bool fail(errc code, const std::string& what) {
     error_ = error{code, pos_.describe() + ": " + what};
     return false;
   }

@@ -2,13 +2,23 @@
 #include "apps/llmgw/commands.hpp"
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <exception>
 
 int main(int argc, char** argv) {
-  CLI::App app{"llmgw: a KV-cache-aware gateway for fleets of vLLM engines"};
-  app.require_subcommand(1);
-  int exit_code = 0;
-  llmgw::apps::add_hash_command(app, exit_code);
-  llmgw::apps::add_events_command(app, exit_code);
-  CLI11_PARSE(app, argc, argv);
-  return exit_code;
+  try {
+    CLI::App app{"llmgw: a KV-cache-aware gateway for fleets of vLLM engines"};
+    app.require_subcommand(1);
+    int exit_code = 0;
+    llmgw::apps::add_hash_command(app, exit_code);
+    llmgw::apps::add_events_command(app, exit_code);
+    CLI11_PARSE(app, argc, argv);
+    return exit_code;
+  } catch (const std::exception& e) {
+    // Subcommands handle what they expect; anything else ends the process
+    // with a message instead of std::terminate.
+    fmt::print(stderr, "llmgw: {}\n", e.what());
+    return 1;
+  }
 }
