@@ -161,9 +161,13 @@ char* write_plain_block(char* p, const digest& parent, const std::uint32_t* toke
   *p++ = static_cast<char>(0x20); // 32
   std::memcpy(p, parent.data(), parent.size());
   p += parent.size();
-  std::string head;
-  append_head(head, major_array, count);
-  p = std::copy(head.begin(), head.end(), p);
+  if (count < 24) {
+    *p++ = static_cast<char>(major_array << 5 | count);
+  } else {
+    std::string head; // rare: block sizes of 24 tokens or more
+    append_head(head, major_array, count);
+    p = std::copy(head.begin(), head.end(), p);
+  }
   for (std::size_t i = 0; i < count; ++i)
     p = write_unsigned(p, tokens[i]);
   return p;
@@ -245,23 +249,31 @@ digest block_hasher::hash_one(const digest& parent, const std::uint32_t* tokens,
 std::vector<hashed_block> block_hasher::hash(const std::vector<std::uint32_t>& tokens,
                                              const extra_key_recipe& extras) {
   std::vector<hashed_block> out;
+  hash_into(tokens, extras, out);
+  return out;
+}
+
+void block_hasher::hash_into(const std::vector<std::uint32_t>& tokens,
+                             const extra_key_recipe& extras, std::vector<hashed_block>& out) {
+  out.clear();
   if (block_size_ == 0)
-    return out;
+    return;
   auto blocks = tokens.size() / block_size_;
-  out.reserve(blocks);
+  out.resize(blocks);
   const digest* parent = &root_;
   bool plain = !extras.lora_name && !extras.cache_salt && extras.mm_items.empty();
   for (std::size_t i = 0; i < blocks; ++i) {
     auto start = static_cast<std::int64_t>(i * block_size_);
     auto end = start + static_cast<std::int64_t>(block_size_);
-    auto extra = plain ? block_extra{} : extras.for_block(i, start, end);
-    hashed_block block;
-    block.full = hash_one(*parent, tokens.data() + i * block_size_, block_size_, extra);
+    auto& block = out[i];
+    if (plain)
+      block.full = hash_one(*parent, tokens.data() + i * block_size_, block_size_, std::nullopt);
+    else
+      block.full = hash_one(*parent, tokens.data() + i * block_size_, block_size_,
+                            extras.for_block(i, start, end));
     block.key = key_of(block.full);
-    out.push_back(block);
-    parent = &out.back().full;
+    parent = &block.full;
   }
-  return out;
 }
 
 } // namespace llmgw::wire

@@ -109,6 +109,11 @@ public:
   std::vector<hashed_block> hash(const std::vector<std::uint32_t>& tokens,
                                  const extra_key_recipe& extras = {});
 
+  /// The same into a caller's vector, which keeps its capacity between
+  /// prompts (the router hashes every request).
+  void hash_into(const std::vector<std::uint32_t>& tokens, const extra_key_recipe& extras,
+                 std::vector<hashed_block>& out);
+
   /// The hash of one block given its parent digest, tokens and extra keys:
   /// what the agent uses to check an engine's published hashes.
   digest hash_one(const digest& parent, const std::uint32_t* tokens, std::size_t count,
