@@ -26,6 +26,9 @@ cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLMGW_WERROR=O
   -DLLMGW_SHARED_DIR="$shared" >/dev/null
 ninja -C build-release -j "$jobs"
 
+step "clang-tidy"
+./scripts/tidy.sh build-release
+
 step "ASan+UBSan build (-Werror)"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DLLMGW_WERROR=ON -DLLMGW_SANITIZE=ON \
   -DLLMGW_BENCH=OFF -DLLMGW_SHARED_DIR="$shared" >/dev/null
