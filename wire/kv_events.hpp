@@ -105,8 +105,8 @@ struct event_batch {
 
 /// Bounds applied while decoding untrusted payloads.
 struct decode_limits {
-  std::size_t max_payload_bytes = 8u << 20;  ///< larger payloads are refused unread
-  std::size_t max_depth = 16;                ///< msgpack nesting (a batch needs 5)
+  std::size_t max_payload_bytes = 8u << 20; ///< larger payloads are refused unread
+  std::size_t max_depth = 16;               ///< msgpack nesting (a batch needs 5)
 };
 
 /// Decodes one payload. On error, nothing of the batch is returned and the

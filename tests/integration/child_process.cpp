@@ -73,7 +73,8 @@ std::optional<std::string> child_process::read_line(int fd, std::string& buffer,
       buffer.erase(0, nl + 1);
       return line;
     }
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0)
       return std::nullopt;
     pollfd p{fd, POLLIN, 0};

@@ -38,7 +38,8 @@ public:
   std::optional<int> wait(std::chrono::milliseconds timeout);
 
 private:
-  std::optional<std::string> read_line(int fd, std::string& buffer, std::chrono::milliseconds timeout);
+  std::optional<std::string> read_line(int fd, std::string& buffer,
+                                       std::chrono::milliseconds timeout);
 
   pid_t pid_ = -1;
   int stdin_fd_ = -1;

@@ -139,7 +139,8 @@ TEST(llmgw_hash, rejects_bad_input_with_the_position) {
 
 TEST(llmgw_events, prints_events_gaps_and_restarts) {
   auto frames = load_frames("S1_basic.map.int.json");
-  child_process proc({LLMGW_BINARY, "events", "--bind", "tcp://127.0.0.1:0", "--topic", "kv-events"});
+  child_process proc(
+    {LLMGW_BINARY, "events", "--bind", "tcp://127.0.0.1:0", "--topic", "kv-events"});
   auto endpoint = listening_endpoint(proc);
   ASSERT_FALSE(endpoint.empty());
   test_publisher pub(endpoint);
@@ -216,14 +217,15 @@ TEST(llmgw_events, fills_a_gap_from_the_replay_endpoint) {
         if (!start || f.seq < *start)
           continue;
         auto seq = llmgw::wire::encode_seq(f.seq);
-        std::array<zmq::const_buffer, 5> parts = {zmq::buffer(req[0].data(), req[0].size()), zmq::buffer("", 0),
-                                                  zmq::buffer(f.topic), zmq::buffer(seq),
-                                                  zmq::buffer(f.payload)};
+        std::array<zmq::const_buffer, 5> parts = {zmq::buffer(req[0].data(), req[0].size()),
+                                                  zmq::buffer("", 0), zmq::buffer(f.topic),
+                                                  zmq::buffer(seq), zmq::buffer(f.payload)};
         zmq::send_multipart(router, parts);
       }
       auto end = llmgw::wire::encode_seq(~std::uint64_t{0});
-      std::array<zmq::const_buffer, 5> marker = {zmq::buffer(req[0].data(), req[0].size()), zmq::buffer("", 0),
-                                                 zmq::buffer("", 0), zmq::buffer(end), zmq::buffer("", 0)};
+      std::array<zmq::const_buffer, 5> marker = {zmq::buffer(req[0].data(), req[0].size()),
+                                                 zmq::buffer("", 0), zmq::buffer("", 0),
+                                                 zmq::buffer(end), zmq::buffer("", 0)};
       zmq::send_multipart(router, marker);
     }
   });
@@ -237,7 +239,8 @@ TEST(llmgw_events, fills_a_gap_from_the_replay_endpoint) {
     }
   } joiner{done, replay};
 
-  child_process proc({LLMGW_BINARY, "events", "--bind", "tcp://127.0.0.1:0", "--replay", replay_endpoint});
+  child_process proc(
+    {LLMGW_BINARY, "events", "--bind", "tcp://127.0.0.1:0", "--replay", replay_endpoint});
   auto endpoint = listening_endpoint(proc);
   ASSERT_FALSE(endpoint.empty());
   std::size_t expected_lines = 0;

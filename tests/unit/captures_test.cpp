@@ -23,9 +23,19 @@ namespace {
 /// The capture README's reference model: a multiset of (hash as on the wire,
 /// medium) with refcounts.
 struct reference_table {
-  // key: ("int" decimal | "bytes" hex, medium)
-  std::map<std::tuple<std::string, std::string, std::string>, std::int64_t> refs;
+  using key = std::tuple<std::string, std::string, std::string>; // medium, kind, hash
+  std::map<key, std::int64_t> refs;
   std::int64_t ignored_removes = 0;
+
+  /// The capture README's notable batches, as this table sees them.
+  std::map<std::string, std::set<std::int64_t>> notable;
+  std::int64_t batch = 0;
+  std::set<key> removed_in_batch;
+
+  void start_batch(std::int64_t seq) {
+    batch = seq;
+    removed_in_batch.clear();
+  }
 
   static std::pair<std::string, std::string> wire_form(const block_hash& h) {
     if (!h.has_digest())
@@ -35,26 +45,39 @@ struct reference_table {
   }
 
   void apply(const kv_event& ev) {
+    if (ev.kind != event_kind::all_blocks_cleared && ev.medium_or_gpu() != "GPU")
+      notable["cpu_medium"].insert(batch);
     switch (ev.kind) {
     case event_kind::block_stored:
       for (const auto& h : ev.block_hashes) {
         auto [kind, text] = wire_form(h);
-        ++refs[{std::string(ev.medium_or_gpu()), kind, text}];
+        key k{std::string(ev.medium_or_gpu()), kind, text};
+        if (refs.count(k))
+          notable["duplicate_store"].insert(batch);
+        if (removed_in_batch.count(k))
+          notable["removed_then_stored"].insert(batch);
+        ++refs[k];
       }
       break;
     case event_kind::block_removed:
       for (const auto& h : ev.block_hashes) {
         auto [kind, text] = wire_form(h);
-        auto it = refs.find({std::string(ev.medium_or_gpu()), kind, text});
+        key k{std::string(ev.medium_or_gpu()), kind, text};
+        removed_in_batch.insert(k);
+        auto it = refs.find(k);
         if (it == refs.end()) {
           ++ignored_removes;
+          notable["ignored_remove"].insert(batch);
           continue;
         }
+        if (it->second > 1)
+          notable["refcount_decrement_not_delete"].insert(batch);
         if (--it->second == 0)
           refs.erase(it);
       }
       break;
     case event_kind::all_blocks_cleared:
+      notable["all_blocks_cleared"].insert(batch);
       refs.clear();
       break;
     }
@@ -101,6 +124,7 @@ TEST_P(capture_test, decodes_and_replays_to_expected_state) {
     ASSERT_TRUE(batch) << GetParam() << " frame " << i << ": " << batch.err().message;
     EXPECT_EQ(batch->data_parallel_rank, rank);
     EXPECT_GT(batch->ts, 1.6e9) << "ts is the capture's wall-clock time";
+    table.start_batch(static_cast<std::int64_t>(msg->seq));
     for (const auto& ev : batch->events) {
       ++counts[to_string(ev.kind)];
       if (ev.kind == event_kind::block_stored)
@@ -132,6 +156,13 @@ TEST_P(capture_test, decodes_and_replays_to_expected_state) {
           json::value_to<std::string>(o.at("hash"))}] = o.at("refs").as_int64();
   }
   EXPECT_EQ(table.refs, want);
+
+  for (const auto& [name, seqs] : expected.at("notable_batches").as_object()) {
+    std::set<std::int64_t> want_seqs;
+    for (const auto& v : seqs.as_array())
+      want_seqs.insert(v.as_int64());
+    EXPECT_EQ(table.notable[std::string(name)], want_seqs) << "notable batches: " << name;
+  }
 }
 
 TEST_P(capture_test, request_chains_match_vllm_digests) {
