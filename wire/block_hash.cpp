@@ -208,6 +208,8 @@ struct sha256::impl {
 sha256::sha256() : impl_(std::make_unique<impl>()) {}
 
 sha256::~sha256() = default;
+sha256::sha256(sha256&&) noexcept = default;
+sha256& sha256::operator=(sha256&&) noexcept = default;
 
 digest sha256::operator()(const void* data, std::size_t size) {
   digest out{};

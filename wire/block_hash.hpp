@@ -75,6 +75,8 @@ class sha256 {
 public:
   sha256();
   ~sha256();
+  sha256(sha256&&) noexcept;
+  sha256& operator=(sha256&&) noexcept;
   sha256(const sha256&) = delete;
   sha256& operator=(const sha256&) = delete;
 

@@ -1,0 +1,322 @@
+// The mirror's rules, on the pure block table.
+#include "tests/unit/support.hpp"
+#include "wire/block_table.hpp"
+
+#include <boost/json.hpp>
+#include <gtest/gtest.h>
+
+#include <random>
+#include <set>
+
+using namespace llmgw::wire;
+namespace json = boost::json;
+
+namespace {
+
+block_hash h(block_key key) {
+  block_hash out;
+  out.key = key;
+  return out;
+}
+
+kv_event stored(std::vector<block_key> keys, const char* where = "GPU", std::int64_t group = 0) {
+  kv_event ev;
+  ev.kind = event_kind::block_stored;
+  for (auto k : keys)
+    ev.block_hashes.push_back(h(k));
+  ev.medium = where;
+  ev.group_idx = group;
+  return ev;
+}
+
+kv_event removed(std::vector<block_key> keys, const char* where = "GPU", std::int64_t group = 0) {
+  auto ev = stored(std::move(keys), where, group);
+  ev.kind = event_kind::block_removed;
+  return ev;
+}
+
+kv_event cleared() {
+  return kv_event{};
+}
+
+event_batch batch(std::vector<kv_event> events) {
+  event_batch b;
+  b.events = std::move(events);
+  return b;
+}
+
+std::vector<block_ref> gpu(std::vector<block_key> keys) {
+  std::vector<block_ref> out;
+  for (auto k : keys)
+    out.push_back({k, medium::gpu});
+  return out;
+}
+
+/// A subscriber's copy, maintained only from deltas.
+struct peer_copy {
+  std::set<block_ref> blocks;
+  std::uint64_t epoch = 0;
+  void apply(const table_delta& d) {
+    if (d.reset)
+      blocks.clear();
+    for (const auto& r : d.removed)
+      EXPECT_EQ(blocks.erase(r), 1u) << "removed a block the peer did not hold";
+    for (const auto& r : d.added)
+      EXPECT_TRUE(blocks.insert(r).second) << "added a block the peer already held";
+    epoch = d.epoch;
+  }
+  std::vector<block_ref> sorted() const { return {blocks.begin(), blocks.end()}; }
+};
+
+} // namespace
+
+TEST(block_table, duplicate_store_needs_two_removes) {
+  block_table t;
+  t.apply(batch({stored({1}), stored({1})}));
+  t.apply(batch({removed({1})}));
+  EXPECT_TRUE(t.holds({1, medium::gpu})) << "one copy is still cached";
+  t.apply(batch({removed({1})}));
+  EXPECT_FALSE(t.holds({1, medium::gpu}));
+}
+
+TEST(block_table, remove_then_store_in_one_batch_keeps_the_block) {
+  block_table t;
+  t.apply(batch({stored({7})}));
+  auto counts = t.apply(batch({removed({7}), stored({7})}));
+  EXPECT_TRUE(t.holds({7, medium::gpu}));
+  EXPECT_EQ(counts.removed, 1u);
+  EXPECT_EQ(counts.stored, 1u);
+}
+
+TEST(block_table, unknown_removes_are_counted) {
+  block_table t;
+  t.apply(batch({stored({1})}));
+  auto counts = t.apply(batch({removed({2, 3, 1})}));
+  EXPECT_EQ(counts.ignored_removes, 2u);
+  EXPECT_EQ(t.size(), 0u);
+}
+
+TEST(block_table, media_and_groups_are_separate) {
+  block_table t;
+  t.apply(batch({stored({5}, "GPU", 0), stored({5}, "CPU", 0), stored({5}, "disk", 0)}));
+  EXPECT_EQ(t.held(), (std::vector<block_ref>{{5, medium::gpu}, {5, medium::cpu}, {5, medium::storage}}));
+  auto counts = t.apply(batch({removed({5}, "GPU", 1)}));
+  EXPECT_EQ(counts.ignored_removes, 1u) << "group 1 never stored key 5";
+  EXPECT_TRUE(t.holds({5, medium::gpu}));
+  t.apply(batch({stored({5}, "GPU", 1), removed({5}, "GPU", 0)}));
+  EXPECT_TRUE(t.holds({5, medium::gpu})) << "still held by group 1";
+  t.apply(batch({removed({5}, "CPU", 0)}));
+  EXPECT_FALSE(t.holds({5, medium::cpu}));
+}
+
+TEST(block_table, subscribe_gives_a_snapshot_then_net_changes) {
+  block_table t;
+  t.apply(batch({stored({1, 2, 3})}));
+  auto snap = t.subscribe(9);
+  EXPECT_TRUE(snap.reset);
+  EXPECT_EQ(snap.added, gpu({1, 2, 3}));
+  EXPECT_TRUE(t.drain(9).empty());
+  t.apply(batch({stored({4}), removed({1})}));
+  auto d = t.drain(9);
+  EXPECT_FALSE(d.reset);
+  EXPECT_EQ(d.added, gpu({4}));
+  EXPECT_EQ(d.removed, gpu({1}));
+}
+
+TEST(block_table, changes_that_cancel_send_nothing) {
+  block_table t;
+  t.apply(batch({stored({1})}));
+  t.subscribe(1);
+  t.apply(batch({stored({2}), removed({2})}));   // stored then removed
+  t.apply(batch({removed({1})}));
+  t.apply(batch({stored({1})}));                 // removed then stored
+  t.apply(batch({stored({3}), stored({3}), removed({3})})); // still held once
+  auto d = t.drain(1);
+  EXPECT_EQ(d.added, gpu({3}));
+  EXPECT_TRUE(d.removed.empty());
+}
+
+TEST(block_table, pending_changes_are_bounded_by_the_table_not_the_event_rate) {
+  block_table t;
+  t.apply(batch({stored({1, 2, 3, 4})}));
+  t.subscribe(1);
+  for (block_key k = 100; k < 100100; ++k)
+    t.apply(batch({stored({k}), removed({k})}));
+  EXPECT_EQ(t.pending_size(1), 0u) << "100,000 stored-then-removed blocks leave nothing pending";
+  for (block_key k = 0; k < 100000; ++k)
+    t.apply(batch({removed({1 + k % 4}), stored({1 + k % 4})}));
+  EXPECT_EQ(t.pending_size(1), 0u);
+  t.apply(batch({removed({1, 2}), stored({50})}));
+  EXPECT_EQ(t.pending_size(1), 3u);
+}
+
+TEST(block_table, reset_is_announced_before_later_changes) {
+  block_table t;
+  t.apply(batch({stored({1, 2})}));
+  t.subscribe(1);
+  t.subscribe(2);
+  t.reset(reset_reason::gap);
+  EXPECT_EQ(t.epoch(), 1u);
+  EXPECT_EQ(t.size(), 0u);
+  t.apply(batch({stored({2, 3})}));
+  auto d = t.drain(1);
+  EXPECT_TRUE(d.reset);
+  EXPECT_EQ(d.epoch, 1u);
+  EXPECT_EQ(d.added, gpu({2, 3})) << "everything after the reset, even a key held before";
+  EXPECT_TRUE(d.removed.empty());
+  EXPECT_FALSE(t.drain(1).reset) << "announced once";
+  EXPECT_TRUE(t.drain(2).reset) << "every peer hears of it";
+}
+
+TEST(block_table, all_blocks_cleared_resets) {
+  block_table t;
+  t.subscribe(1);
+  auto counts = t.apply(batch({stored({1}), cleared(), stored({2})}));
+  EXPECT_EQ(counts.clears, 1u);
+  EXPECT_EQ(t.epoch(), 1u);
+  EXPECT_EQ(t.held(), gpu({2}));
+  auto d = t.drain(1);
+  EXPECT_TRUE(d.reset);
+  EXPECT_EQ(d.added, gpu({2}));
+}
+
+TEST(block_table, any_interleaving_of_events_and_drains_keeps_peers_equal) {
+  std::mt19937 rng(424242);
+  for (int trial = 0; trial < 200; ++trial) {
+    block_table t;
+    std::map<peer_id, peer_copy> peers;
+    const char* media[] = {"GPU", "CPU", "GPU"};
+    for (int step = 0; step < 300; ++step) {
+      auto r = rng() % 100;
+      std::vector<kv_event> events;
+      if (r < 70) {
+        for (int e = 0; e < 1 + static_cast<int>(rng() % 3); ++e) {
+          std::vector<block_key> keys;
+          for (int k = 0; k < 1 + static_cast<int>(rng() % 3); ++k)
+            keys.push_back(rng() % 12);
+          auto where = media[rng() % 3];
+          auto group = static_cast<std::int64_t>(rng() % 2);
+          events.push_back(rng() % 2 ? stored(keys, where, group) : removed(keys, where, group));
+        }
+        if (rng() % 40 == 0)
+          events.insert(events.begin() + static_cast<long>(rng() % events.size()), cleared());
+        t.apply(batch(events));
+      } else if (r < 73) {
+        t.reset(reset_reason::restart);
+      } else if (r < 78) {
+        auto id = rng() % 3;
+        peers[id] = peer_copy{};
+        peers[id].apply(t.subscribe(id));
+        ASSERT_EQ(peers[id].sorted(), t.held());
+      } else if (r < 80 && !peers.empty()) {
+        auto it = peers.begin();
+        std::advance(it, static_cast<long>(rng() % peers.size()));
+        t.unsubscribe(it->first);
+        peers.erase(it);
+      } else {
+        for (auto& [id, copy] : peers) {
+          if (rng() % 2)
+            continue;
+          copy.apply(t.drain(id));
+          ASSERT_EQ(copy.sorted(), t.held()) << "trial " << trial << " step " << step;
+          ASSERT_EQ(copy.epoch, t.epoch());
+          ASSERT_LE(t.pending_size(id), 0u);
+        }
+      }
+      for (const auto& [id, copy] : peers)
+        ASSERT_LE(t.pending_size(id), copy.blocks.size() + t.size());
+    }
+  }
+}
+
+namespace {
+
+struct capture_run {
+  block_table table;
+  std::vector<block_ref> expected;
+  apply_counts totals;
+};
+
+capture_run run_capture(const std::string& name, std::optional<parity_config> parity) {
+  capture_run run{block_table(std::move(parity)), {}, {}};
+  auto doc = llmgw::test::read_json(llmgw::test::capture_path(name));
+  for (const auto& f : doc.at("frames").as_array()) {
+    auto payload = llmgw::test::from_hex(json::value_to<std::string>(f.at("payload_hex")));
+    auto b = decode_batch(payload);
+    EXPECT_TRUE(b) << b.err().message;
+    if (!b)
+      break;
+    auto c = run.table.apply(*b);
+    run.totals.verified += c.verified;
+    run.totals.ignored_removes += c.ignored_removes;
+    run.totals.mismatch_found |= c.mismatch_found;
+  }
+  for (const auto& blk : doc.at("expected").at("final_blocks").as_array()) {
+    auto hash = json::value_to<std::string>(blk.at("hash"));
+    block_key key = 0;
+    if (json::value_to<std::string>(blk.at("hash_kind")) == "int")
+      key = std::stoull(hash);
+    else
+      key = key_of(*digest_from_hex(hash));
+    run.expected.push_back({key, medium_of(json::value_to<std::string>(blk.at("medium")))});
+  }
+  std::sort(run.expected.begin(), run.expected.end());
+  return run;
+}
+
+} // namespace
+
+class block_table_capture : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(block_table_capture, ends_in_the_expected_state_with_verified_hashes) {
+  auto run = run_capture(GetParam(), parity_config{"0", 16});
+  EXPECT_EQ(run.table.held(), run.expected);
+  EXPECT_EQ(run.totals.ignored_removes, 0u);
+  EXPECT_NE(run.table.parity(), parity_state::mismatch) << run.table.parity_message();
+  EXPECT_FALSE(run.totals.mismatch_found);
+  if (GetParam().find("S4_clear") == std::string::npos) // S4 ends right after a clear
+    EXPECT_EQ(run.table.parity(), parity_state::verified) << GetParam();
+  EXPECT_GT(run.totals.verified, 0u) << "the captures carry extra_keys: blocks are checkable";
+}
+
+TEST_P(block_table_capture, a_wrong_seed_is_a_mismatch_that_names_the_fix) {
+  auto run = run_capture(GetParam(), parity_config{"1", 16});
+  EXPECT_EQ(run.table.held(), run.expected) << "parity never changes what is held";
+  EXPECT_EQ(run.table.parity(), parity_state::mismatch);
+  EXPECT_NE(run.table.parity_message().find("PYTHONHASHSEED=1"), std::string::npos)
+    << run.table.parity_message();
+  EXPECT_NE(run.table.parity_message().find("sha256_cbor"), std::string::npos);
+}
+
+TEST(block_table_parity, a_wrong_block_size_is_a_mismatch) {
+  auto run = run_capture("S1_basic.map.int.json", parity_config{"0", 32});
+  EXPECT_EQ(run.table.parity(), parity_state::mismatch);
+  EXPECT_NE(run.table.parity_message().find("--block-size 32"), std::string::npos)
+    << run.table.parity_message();
+}
+
+TEST(block_table_parity, one_wrong_token_is_caught) {
+  auto doc = llmgw::test::read_json(llmgw::test::capture_path("S1_basic.map.int.json"));
+  auto payload = llmgw::test::from_hex(json::value_to<std::string>(doc.at("frames").at(0).at("payload_hex")));
+  auto b = decode_batch(payload);
+  ASSERT_TRUE(b);
+  block_table good(parity_config{"0", 16});
+  good.apply(*b);
+  EXPECT_EQ(good.parity(), parity_state::verified);
+  b->events[0].token_ids[20] += 1; // block 1 of the first store
+  block_table bad(parity_config{"0", 16});
+  bad.apply(*b);
+  EXPECT_EQ(bad.parity(), parity_state::mismatch);
+  EXPECT_NE(bad.parity_message().find("block 1"), std::string::npos) << bad.parity_message();
+  bad.reset(reset_reason::restart);
+  EXPECT_EQ(bad.parity(), parity_state::unknown) << "a restarted engine is checked afresh";
+}
+
+INSTANTIATE_TEST_SUITE_P(vllm_captures, block_table_capture,
+                         ::testing::ValuesIn(llmgw::test::capture_names()), [](const auto& info) {
+                           std::string name = info.param.substr(0, info.param.size() - 5);
+                           for (auto& c : name)
+                             if (c == '.')
+                               c = '_';
+                           return name;
+                         });

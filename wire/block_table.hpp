@@ -1,0 +1,180 @@
+// One engine's KV cache blocks as its event stream describes them, and the
+// net changes each subscriber has not seen yet. Pure code: the mirror actor
+// owns one and is a thin shell around it.
+//
+// Rules (shared/notes/vllm-kv-events.md):
+// - vLLM can store one hash in several physical blocks and removes it once
+//   per copy, so a block is held while its reference count, per (key,
+//   medium, group), is above zero; a batch may remove a hash and store it
+//   again. A remove of an unknown key is counted, not an error: a subscriber
+//   that joined late sees those.
+// - Subscribers see blocks per (key, medium): held by any group or not.
+// - Each subscriber gets a snapshot when it subscribes, then net changes:
+//   what changed since its last drain, with stored-then-removed (and the
+//   reverse) cancelled out. The memory this takes is bounded by the table's
+//   size, not by the event rate.
+// - A reset (gap, restart, AllBlocksCleared, engine exit) empties the table
+//   and bumps the epoch; every subscriber's next drain says "reset, epoch N"
+//   before any later change.
+// - Hash parity: stored GPU blocks whose parent digest is known (a first
+//   block, or one chained from a block checked here) are hashed again from
+//   the event's tokens and extra keys; one mismatch marks the table's blocks
+//   untrusted until the next reset.
+#pragma once
+
+#include "wire/block_hash.hpp"
+#include "wire/kv_events.hpp"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace llmgw::wire {
+
+/// Where a block lives. vLLM's storage tier names beyond GPU and CPU are
+/// folded into `storage`.
+enum class medium : std::uint8_t { gpu, cpu, storage };
+
+/// The medium an event names; nil means GPU.
+medium medium_of(std::string_view name) noexcept;
+
+/// A stable lowercase name of a medium.
+const char* to_string(medium m) noexcept;
+
+/// A block as subscribers see it.
+struct block_ref {
+  block_key key = 0;
+  medium where = medium::gpu;
+  bool operator==(const block_ref& other) const noexcept {
+    return key == other.key && where == other.where;
+  }
+  bool operator<(const block_ref& other) const noexcept {
+    return key != other.key ? key < other.key : where < other.where;
+  }
+};
+
+struct block_ref_hash {
+  std::size_t operator()(const block_ref& r) const noexcept {
+    return static_cast<std::size_t>(r.key * 0x9E3779B97F4A7C15u) ^ static_cast<std::size_t>(r.where);
+  }
+};
+
+/// What a subscriber must apply to its copy to equal the table.
+struct table_delta {
+  std::uint64_t epoch = 0;
+  bool reset = false;            ///< drop everything held for this replica first
+  std::vector<block_ref> added;  ///< held now, not at the last drain
+  std::vector<block_ref> removed; ///< held at the last drain, not now
+  bool empty() const noexcept { return !reset && added.empty() && removed.empty(); }
+};
+
+/// Why a table was reset; a metric label.
+enum class reset_reason : std::uint8_t { gap, restart, clear, engine_exit, decode_error };
+const char* to_string(reset_reason r) noexcept;
+
+/// Whether the engine's hashes are what llmgw computes.
+enum class parity_state : std::uint8_t {
+  unknown,  ///< no block could be checked yet
+  verified, ///< blocks were checked, every one matched
+  mismatch, ///< a block did not match: do not route on this table
+};
+const char* to_string(parity_state p) noexcept;
+
+/// Counts from applying one batch.
+struct apply_counts {
+  std::size_t stored = 0;          ///< hashes stored
+  std::size_t removed = 0;         ///< hashes removed
+  std::size_t ignored_removes = 0; ///< removes of keys not held
+  std::size_t clears = 0;          ///< AllBlocksCleared events (each a reset)
+  std::size_t verified = 0;        ///< blocks whose hash was recomputed and matched
+  bool mismatch_found = false;     ///< this batch turned parity to mismatch
+};
+
+/// Identifies a subscriber of a table.
+using peer_id = std::uint64_t;
+
+/// Parameters of hash parity: the cluster's seed and block size.
+struct parity_config {
+  std::string seed;            ///< PYTHONHASHSEED of the engine
+  std::size_t block_size = 16; ///< --block-size of the engine
+};
+
+class block_table {
+public:
+  /// Without a parity config, hashes are not checked (parity stays unknown).
+  explicit block_table(std::optional<parity_config> parity = std::nullopt);
+
+  /// Applies a batch's events in order. A clear resets the table first.
+  apply_counts apply(const event_batch& batch);
+
+  /// Empties the table and bumps the epoch; parity starts over.
+  void reset(reset_reason why);
+
+  /// Starts tracking `peer`; its first delta is the snapshot (reset + every
+  /// held block). Subscribing again restarts with a snapshot.
+  table_delta subscribe(peer_id peer);
+
+  /// What `peer` has not seen; afterwards it has seen everything.
+  table_delta drain(peer_id peer);
+
+  /// Stops tracking `peer`.
+  void unsubscribe(peer_id peer);
+
+  /// Every held block, sorted: what a subscriber's copy must equal.
+  std::vector<block_ref> held() const;
+
+  /// True while `ref` is held by any group.
+  bool holds(const block_ref& ref) const { return presence_.count(ref) != 0; }
+
+  std::size_t size() const noexcept { return presence_.size(); }
+  std::uint64_t epoch() const noexcept { return epoch_; }
+  parity_state parity() const noexcept { return parity_; }
+
+  /// Why parity is `mismatch`: which block, and the flags the engine needs.
+  const std::string& parity_message() const noexcept { return parity_message_; }
+
+  /// Entries kept for `peer`'s pending changes (for tests of the bound).
+  std::size_t pending_size(peer_id peer) const;
+
+private:
+  struct group_key {
+    block_key key;
+    medium where;
+    std::int64_t group;
+    bool operator==(const group_key& o) const noexcept {
+      return key == o.key && where == o.where && group == o.group;
+    }
+  };
+  struct group_key_hash {
+    std::size_t operator()(const group_key& k) const noexcept {
+      return block_ref_hash{}({k.key, k.where}) ^ static_cast<std::size_t>(k.group * 31);
+    }
+  };
+  struct peer_state {
+    bool reset_pending = false;
+    /// Blocks whose presence differs from the peer's last drain, with the
+    /// presence then.
+    std::unordered_map<block_ref, bool, block_ref_hash> changed;
+  };
+
+  void store(const block_ref& ref, std::int64_t group);
+  bool remove(const block_ref& ref, std::int64_t group);
+  void presence_changed(const block_ref& ref, bool was);
+  void check_parity(const kv_event& ev, apply_counts& counts);
+  void flag_mismatch(std::string message);
+
+  std::unordered_map<group_key, std::uint32_t, group_key_hash> refs_;
+  std::unordered_map<block_ref, std::uint32_t, block_ref_hash> presence_; ///< live groups
+  std::unordered_map<peer_id, peer_state> peers_;
+  std::uint64_t epoch_ = 0;
+
+  std::optional<parity_config> parity_config_;
+  std::optional<block_hasher> hasher_;
+  std::unordered_map<block_key, digest> digests_; ///< checked GPU blocks' full digests
+  parity_state parity_ = parity_state::unknown;
+  std::string parity_message_;
+};
+
+} // namespace llmgw::wire
