@@ -42,7 +42,7 @@ step "benchmarks run (numbers are not checked here; see BENCHMARKS.md)"
 
 step "tests, ASan+UBSan build"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
-export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=$root/scripts/ubsan.supp
 (cd build-asan && ctest --output-on-failure -j "$jobs" --timeout 300)
 
 step "tests, release build"

@@ -16,40 +16,40 @@ medium medium_of(std::string_view name) noexcept {
 
 const char* to_string(medium m) noexcept {
   switch (m) {
-    case medium::gpu:
-      return "gpu";
-    case medium::cpu:
-      return "cpu";
-    case medium::storage:
-      return "storage";
+  case medium::gpu:
+    return "gpu";
+  case medium::cpu:
+    return "cpu";
+  case medium::storage:
+    return "storage";
   }
   return "unknown";
 }
 
 const char* to_string(reset_reason r) noexcept {
   switch (r) {
-    case reset_reason::gap:
-      return "gap";
-    case reset_reason::restart:
-      return "restart";
-    case reset_reason::clear:
-      return "clear";
-    case reset_reason::engine_exit:
-      return "engine_exit";
-    case reset_reason::decode_error:
-      return "decode_error";
+  case reset_reason::gap:
+    return "gap";
+  case reset_reason::restart:
+    return "restart";
+  case reset_reason::clear:
+    return "clear";
+  case reset_reason::engine_exit:
+    return "engine_exit";
+  case reset_reason::decode_error:
+    return "decode_error";
   }
   return "unknown";
 }
 
 const char* to_string(parity_state p) noexcept {
   switch (p) {
-    case parity_state::unknown:
-      return "unknown";
-    case parity_state::verified:
-      return "verified";
-    case parity_state::mismatch:
-      return "mismatch";
+  case parity_state::unknown:
+    return "unknown";
+  case parity_state::verified:
+    return "verified";
+  case parity_state::mismatch:
+    return "mismatch";
   }
   return "unknown";
 }
@@ -65,22 +65,22 @@ apply_counts block_table::apply(const event_batch& batch) {
     auto where = medium_of(ev.medium_or_gpu());
     auto group = ev.group_idx.value_or(0);
     switch (ev.kind) {
-      case event_kind::block_stored:
-        check_parity(ev, counts);
-        for (const auto& h : ev.block_hashes)
-          store({h.key, where}, group);
-        counts.stored += ev.block_hashes.size();
-        break;
-      case event_kind::block_removed:
-        for (const auto& h : ev.block_hashes)
-          if (!remove({h.key, where}, group))
-            ++counts.ignored_removes;
-        counts.removed += ev.block_hashes.size();
-        break;
-      case event_kind::all_blocks_cleared:
-        reset(reset_reason::clear);
-        ++counts.clears;
-        break;
+    case event_kind::block_stored:
+      check_parity(ev, counts);
+      for (const auto& h : ev.block_hashes)
+        store({h.key, where}, group);
+      counts.stored += ev.block_hashes.size();
+      break;
+    case event_kind::block_removed:
+      for (const auto& h : ev.block_hashes)
+        if (!remove({h.key, where}, group))
+          ++counts.ignored_removes;
+      counts.removed += ev.block_hashes.size();
+      break;
+    case event_kind::all_blocks_cleared:
+      reset(reset_reason::clear);
+      ++counts.clears;
+      break;
     }
   }
   return counts;

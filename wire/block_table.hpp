@@ -57,15 +57,16 @@ struct block_ref {
 
 struct block_ref_hash {
   std::size_t operator()(const block_ref& r) const noexcept {
-    return static_cast<std::size_t>(r.key * 0x9E3779B97F4A7C15u) ^ static_cast<std::size_t>(r.where);
+    return static_cast<std::size_t>(r.key * 0x9E3779B97F4A7C15u)
+           ^ static_cast<std::size_t>(r.where);
   }
 };
 
 /// What a subscriber must apply to its copy to equal the table.
 struct table_delta {
   std::uint64_t epoch = 0;
-  bool reset = false;            ///< drop everything held for this replica first
-  std::vector<block_ref> added;  ///< held now, not at the last drain
+  bool reset = false;             ///< drop everything held for this replica first
+  std::vector<block_ref> added;   ///< held now, not at the last drain
   std::vector<block_ref> removed; ///< held at the last drain, not now
   bool empty() const noexcept { return !reset && added.empty() && removed.empty(); }
 };

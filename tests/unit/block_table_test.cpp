@@ -99,7 +99,8 @@ TEST(block_table, unknown_removes_are_counted) {
 TEST(block_table, media_and_groups_are_separate) {
   block_table t;
   t.apply(batch({stored({5}, "GPU", 0), stored({5}, "CPU", 0), stored({5}, "disk", 0)}));
-  EXPECT_EQ(t.held(), (std::vector<block_ref>{{5, medium::gpu}, {5, medium::cpu}, {5, medium::storage}}));
+  EXPECT_EQ(t.held(),
+            (std::vector<block_ref>{{5, medium::gpu}, {5, medium::cpu}, {5, medium::storage}}));
   auto counts = t.apply(batch({removed({5}, "GPU", 1)}));
   EXPECT_EQ(counts.ignored_removes, 1u) << "group 1 never stored key 5";
   EXPECT_TRUE(t.holds({5, medium::gpu}));
@@ -127,9 +128,9 @@ TEST(block_table, changes_that_cancel_send_nothing) {
   block_table t;
   t.apply(batch({stored({1})}));
   t.subscribe(1);
-  t.apply(batch({stored({2}), removed({2})}));   // stored then removed
+  t.apply(batch({stored({2}), removed({2})})); // stored then removed
   t.apply(batch({removed({1})}));
-  t.apply(batch({stored({1})}));                 // removed then stored
+  t.apply(batch({stored({1})}));                            // removed then stored
   t.apply(batch({stored({3}), stored({3}), removed({3})})); // still held once
   auto d = t.drain(1);
   EXPECT_EQ(d.added, gpu({3}));
@@ -297,7 +298,8 @@ TEST(block_table_parity, a_wrong_block_size_is_a_mismatch) {
 
 TEST(block_table_parity, one_wrong_token_is_caught) {
   auto doc = llmgw::test::read_json(llmgw::test::capture_path("S1_basic.map.int.json"));
-  auto payload = llmgw::test::from_hex(json::value_to<std::string>(doc.at("frames").at(0).at("payload_hex")));
+  auto payload =
+    llmgw::test::from_hex(json::value_to<std::string>(doc.at("frames").at(0).at("payload_hex")));
   auto b = decode_batch(payload);
   ASSERT_TRUE(b);
   block_table good(parity_config{"0", 16});

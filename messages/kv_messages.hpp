@@ -1,0 +1,76 @@
+// What crosses nodes between an agent's forwarder and a control node, and
+// between the mirror and its subscribers. Plain structs with CAF 0.17
+// inspect() overloads; registered on every node by register_message_types()
+// (messages/registration.hpp), because a type missing on one side arrives as
+// an empty message.
+//
+// A session: the forwarder sends agent_hello, then replica_update messages
+// numbered 1, 2, ... within the session; the control node acknowledges with
+// session_ack (the highest seq applied), which frees the forwarder's window.
+// The first update for each replica in a session has reset = true and holds
+// the replica's full state.
+#pragma once
+
+#include "wire/block_table.hpp"
+
+#include <caf/meta/type_name.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace llmgw::wire {
+
+/// Serializes a block as (key, medium); the enum goes as its integer.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, block_ref& x) {
+  return f(caf::meta::type_name("block_ref"), x.key, x.where);
+}
+
+} // namespace llmgw::wire
+
+namespace llmgw {
+
+/// The first message of a session: who the agent is and what it owns.
+struct agent_hello {
+  std::string node;                  ///< the agent's node name in the topology
+  std::uint64_t session = 0;         ///< new for every connection attempt
+  std::vector<std::string> replicas; ///< replicas the agent believes it owns
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, agent_hello& x) {
+  return f(caf::meta::type_name("agent_hello"), x.node, x.session, x.replicas);
+}
+
+/// The net change of one replica's KV blocks since the last update.
+struct replica_update {
+  std::string node;                  ///< sending agent node (checked by control)
+  std::string replica;               ///< replica id from the topology
+  std::uint64_t session = 0;
+  std::uint64_t seq = 0;             ///< 1, 2, ... within the session
+  std::uint64_t epoch = 0;           ///< the mirror's epoch
+  bool reset = false;                ///< drop what is held for the replica first
+  std::uint8_t parity = 0;           ///< wire::parity_state as an integer
+  std::vector<wire::block_ref> added;
+  std::vector<wire::block_ref> removed;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, replica_update& x) {
+  return f(caf::meta::type_name("replica_update"), x.node, x.replica, x.session, x.seq, x.epoch,
+           x.reset, x.parity, x.added, x.removed);
+}
+
+/// The control node has applied every update of `session` up to `seq`.
+struct session_ack {
+  std::uint64_t session = 0;
+  std::uint64_t seq = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, session_ack& x) {
+  return f(caf::meta::type_name("session_ack"), x.session, x.seq);
+}
+
+} // namespace llmgw

@@ -1,0 +1,96 @@
+// Every registered message crosses a real CAF connection intact: two actor
+// systems in this process, the second connected to the first over loopback,
+// both configured only by register_message_types().
+#include "messages/kv_messages.hpp"
+#include "messages/registration.hpp"
+
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+using namespace std::chrono_literals;
+
+namespace {
+
+struct node_config : caf::actor_system_config {
+  node_config() {
+    load<caf::io::middleman>();
+    llmgw::register_message_types(*this);
+    set("scheduler.max-threads", 2);
+  }
+};
+
+/// Echoes updates back, and answers each with an ack for its seq.
+caf::behavior echo(caf::event_based_actor*) {
+  return {
+    [](const llmgw::replica_update& u) { return caf::make_message(u, llmgw::session_ack{u.session, u.seq}); },
+    [](const llmgw::agent_hello& h) { return h; },
+  };
+}
+
+llmgw::replica_update sample_update() {
+  llmgw::replica_update u;
+  u.node = "agent-a";
+  u.replica = "llama-0";
+  u.session = 0xfeedfacecafebeefu;
+  u.seq = 42;
+  u.epoch = 7;
+  u.reset = true;
+  u.parity = static_cast<std::uint8_t>(llmgw::wire::parity_state::verified);
+  u.added = {{16284813627505341992u, llmgw::wire::medium::gpu}, {1, llmgw::wire::medium::cpu}};
+  u.removed = {{~std::uint64_t{0}, llmgw::wire::medium::storage}};
+  return u;
+}
+
+} // namespace
+
+TEST(messages, cross_a_real_connection_intact) {
+  node_config server_cfg;
+  caf::actor_system server{server_cfg};
+  auto server_actor = server.spawn(echo);
+  auto port = server.middleman().publish(server_actor, 0, "127.0.0.1");
+  ASSERT_TRUE(port) << server.render(port.error());
+
+  node_config client_cfg;
+  caf::actor_system client{client_cfg};
+  auto remote = client.middleman().remote_actor("127.0.0.1", *port);
+  ASSERT_TRUE(remote) << client.render(remote.error());
+
+  caf::scoped_actor self{client};
+  auto sent = sample_update();
+  bool got_update = false;
+  self->request(*remote, 10s, sent)
+    .receive(
+      [&](const llmgw::replica_update& u, const llmgw::session_ack& ack) {
+        got_update = true;
+        EXPECT_EQ(u.node, sent.node);
+        EXPECT_EQ(u.replica, sent.replica);
+        EXPECT_EQ(u.session, sent.session);
+        EXPECT_EQ(u.seq, sent.seq);
+        EXPECT_EQ(u.epoch, sent.epoch);
+        EXPECT_EQ(u.reset, sent.reset);
+        EXPECT_EQ(u.parity, sent.parity);
+        EXPECT_EQ(u.added, sent.added);
+        EXPECT_EQ(u.removed, sent.removed);
+        EXPECT_EQ(ack.session, sent.session);
+        EXPECT_EQ(ack.seq, 42u);
+      },
+      [&](const caf::error& err) { ADD_FAILURE() << client.render(err); });
+  EXPECT_TRUE(got_update);
+
+  llmgw::agent_hello hello{"agent-b", 3, {"r1", "r2"}};
+  bool got_hello = false;
+  self->request(*remote, 10s, hello)
+    .receive(
+      [&](const llmgw::agent_hello& h) {
+        got_hello = true;
+        EXPECT_EQ(h.node, "agent-b");
+        EXPECT_EQ(h.session, 3u);
+        EXPECT_EQ(h.replicas, hello.replicas);
+      },
+      [&](const caf::error& err) { ADD_FAILURE() << client.render(err); });
+  EXPECT_TRUE(got_hello);
+  self->send_exit(server_actor, caf::exit_reason::user_shutdown);
+}
