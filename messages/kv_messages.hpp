@@ -45,13 +45,13 @@ typename Inspector::result_type inspect(Inspector& f, agent_hello& x) {
 
 /// The net change of one replica's KV blocks since the last update.
 struct replica_update {
-  std::string node;                  ///< sending agent node (checked by control)
-  std::string replica;               ///< replica id from the topology
+  std::string node;    ///< sending agent node (checked by control)
+  std::string replica; ///< replica id from the topology
   std::uint64_t session = 0;
-  std::uint64_t seq = 0;             ///< 1, 2, ... within the session
-  std::uint64_t epoch = 0;           ///< the mirror's epoch
-  bool reset = false;                ///< drop what is held for the replica first
-  std::uint8_t parity = 0;           ///< wire::parity_state as an integer
+  std::uint64_t seq = 0;   ///< 1, 2, ... within the session
+  std::uint64_t epoch = 0; ///< the mirror's epoch
+  bool reset = false;      ///< drop what is held for the replica first
+  std::uint8_t parity = 0; ///< wire::parity_state as an integer
   std::vector<wire::block_ref> added;
   std::vector<wire::block_ref> removed;
 };

@@ -3,7 +3,7 @@
 # with .clang-format) would write. Fix with: scripts/check-format.sh --fix
 set -eu
 cd "$(dirname "$0")/.."
-files=$(git ls-files '*.cpp' '*.hpp')
+files=$(git ls-files --cached --others --exclude-standard '*.cpp' '*.hpp')
 if [ "${1:-}" = "--fix" ]; then
   clang-format -i $files
   exit 0

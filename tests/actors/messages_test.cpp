@@ -25,7 +25,9 @@ struct node_config : caf::actor_system_config {
 /// Echoes updates back, and answers each with an ack for its seq.
 caf::behavior echo(caf::event_based_actor*) {
   return {
-    [](const llmgw::replica_update& u) { return caf::make_message(u, llmgw::session_ack{u.session, u.seq}); },
+    [](const llmgw::replica_update& u) {
+      return caf::make_message(u, llmgw::session_ack{u.session, u.seq});
+    },
     [](const llmgw::agent_hello& h) { return h; },
   };
 }
