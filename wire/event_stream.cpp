@@ -4,7 +4,7 @@
 
 namespace llmgw::wire {
 
-event_stream::event_stream(config cfg) : cfg_(std::move(cfg)) {}
+event_stream::event_stream(config cfg) : cfg_(cfg) {}
 
 void event_stream::apply_payload(std::uint64_t seq, std::string_view payload,
                                  std::vector<stream_action>& out) {

@@ -1,0 +1,35 @@
+// Every typed actor interface of llmgw, one comment line per handler.
+#pragma once
+
+#include "messages/kv_messages.hpp"
+#include "messages/local_messages.hpp"
+
+#include <caf/atom.hpp>
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+
+#include <cstdint>
+
+namespace llmgw {
+
+using apply_atom = caf::atom_constant<caf::atom("apply")>;
+using reset_atom = caf::atom_constant<caf::atom("reset")>;
+using subscribe_atom = caf::atom_constant<caf::atom("subscribe")>;
+using drain_atom = caf::atom_constant<caf::atom("drain")>;
+using unsub_atom = caf::atom_constant<caf::atom("unsub")>;
+
+/// The only owner of one engine's block table.
+using mirror_actor = caf::typed_actor<
+  // Apply a decoded batch from the engine's subscriber.
+  caf::reacts_to<apply_atom, batch_ptr>,
+  // Reset: the stream had a gap or restart, or the engine exited; the reason
+  // is a wire::reset_reason as an integer.
+  caf::reacts_to<reset_atom, std::uint8_t>,
+  // Subscribe peer N: answers with the full state (reset = true).
+  caf::replies_to<subscribe_atom, std::uint64_t>::with<replica_update>,
+  // What peer N has not seen yet (empty when nothing changed).
+  caf::replies_to<drain_atom, std::uint64_t>::with<replica_update>,
+  // Stop tracking peer N.
+  caf::reacts_to<unsub_atom, std::uint64_t>>;
+
+} // namespace llmgw

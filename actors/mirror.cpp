@@ -1,0 +1,60 @@
+#include "actors/mirror.hpp"
+
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include "wire/log.hpp"
+
+namespace llmgw {
+
+replica_update to_update(const std::string& replica, const wire::table_delta& delta,
+                         wire::parity_state parity) {
+  replica_update u;
+  u.replica = replica;
+  u.epoch = delta.epoch;
+  u.reset = delta.reset;
+  u.parity = static_cast<std::uint8_t>(parity);
+  u.added = delta.added;
+  u.removed = delta.removed;
+  return u;
+}
+
+mirror_actor::behavior_type mirror(mirror_actor::stateful_pointer<mirror_state> self,
+                                   std::string replica, std::optional<wire::parity_config> parity) {
+  self->state.replica = std::move(replica);
+  self->state.table = wire::block_table(std::move(parity));
+  return {
+    [self](apply_atom, const batch_ptr& batch) {
+      auto& st = self->state;
+      auto before = st.table.parity();
+      auto counts = st.table.apply(*batch);
+      ++st.counters.batches;
+      st.counters.stored += counts.stored;
+      st.counters.removed += counts.removed;
+      st.counters.ignored_removes += counts.ignored_removes;
+      st.counters.verified_blocks += counts.verified;
+      st.counters.resets[static_cast<int>(wire::reset_reason::clear)] += counts.clears;
+      if (before != wire::parity_state::mismatch
+          && st.table.parity() == wire::parity_state::mismatch)
+        LLMGW_LOG(warning, "mirror " + st.replica, "hash mismatch, blocks not trusted: {}",
+                  st.table.parity_message());
+    },
+    [self](reset_atom, std::uint8_t reason) {
+      if (reason >= 5)
+        return; // not a reset_reason: a bug in the sender, ignored here
+      self->state.table.reset(static_cast<wire::reset_reason>(reason));
+      ++self->state.counters.resets[reason];
+    },
+    [self](subscribe_atom, std::uint64_t peer) {
+      auto& st = self->state;
+      return to_update(st.replica, st.table.subscribe(peer), st.table.parity());
+    },
+    [self](drain_atom, std::uint64_t peer) {
+      auto& st = self->state;
+      return to_update(st.replica, st.table.drain(peer), st.table.parity());
+    },
+    [self](unsub_atom, std::uint64_t peer) { self->state.table.unsubscribe(peer); },
+  };
+}
+
+} // namespace llmgw

@@ -1,0 +1,38 @@
+// The mirror: one per engine, the only owner of that engine's block table.
+// A thin shell: each handler unpacks its message and calls wire::block_table.
+#pragma once
+
+#include "actors/interfaces.hpp"
+#include "wire/block_table.hpp"
+
+#include <optional>
+#include <string>
+
+namespace llmgw {
+
+/// What a mirror counts, for metrics and logs.
+struct mirror_counters {
+  std::uint64_t batches = 0;
+  std::uint64_t stored = 0;
+  std::uint64_t removed = 0;
+  std::uint64_t ignored_removes = 0;
+  std::uint64_t verified_blocks = 0;
+  std::uint64_t resets[5] = {}; ///< by wire::reset_reason
+};
+
+struct mirror_state {
+  std::string replica;
+  wire::block_table table;
+  mirror_counters counters;
+  static inline const char* name = "mirror";
+};
+
+/// Spawned once per engine; `parity` is nullopt when hashes are not checked.
+mirror_actor::behavior_type mirror(mirror_actor::stateful_pointer<mirror_state> self,
+                                   std::string replica, std::optional<wire::parity_config> parity);
+
+/// The update a mirror answers with, from a table delta.
+replica_update to_update(const std::string& replica, const wire::table_delta& delta,
+                         wire::parity_state parity);
+
+} // namespace llmgw
