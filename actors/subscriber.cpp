@@ -1,0 +1,147 @@
+#include "actors/subscriber.hpp"
+
+#include "wire/log.hpp"
+#include "wire/zmq_message.hpp"
+
+#include <caf/after.hpp>
+#include <caf/blocking_actor.hpp>
+#include <caf/exit_reason.hpp>
+#include <caf/send.hpp>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+namespace llmgw {
+
+struct subscriber_socket {
+  zmq::context_t context{1};
+  zmq::socket_t sub{context, zmq::socket_type::sub};
+};
+
+bound_subscriber bind_subscriber(const subscriber_options& opts) {
+  bound_subscriber out;
+  auto socket = std::make_shared<subscriber_socket>();
+  try {
+    socket->sub.set(zmq::sockopt::linger, 0);
+    socket->sub.set(zmq::sockopt::rcvhwm, 0); // drops happen at vLLM's side, and show as gaps
+    socket->sub.set(zmq::sockopt::subscribe, opts.topic);
+    auto endpoint = opts.bind;
+    if (endpoint.size() > 2 && endpoint.compare(endpoint.size() - 2, 2, ":0") == 0)
+      endpoint.replace(endpoint.size() - 1, 1, "*");
+    socket->sub.bind(endpoint);
+    out.endpoint = socket->sub.get(zmq::sockopt::last_endpoint);
+    out.socket = std::move(socket);
+  } catch (const zmq::error_t& e) {
+    out.error = fmt::format("cannot bind the KV event socket at {}: {}", opts.bind, e.what());
+  }
+  return out;
+}
+
+namespace {
+
+std::vector<std::string_view> views(const std::vector<zmq::message_t>& parts) {
+  std::vector<std::string_view> out;
+  out.reserve(parts.size());
+  for (const auto& p : parts)
+    out.emplace_back(static_cast<const char*>(p.data()), p.size());
+  return out;
+}
+
+bool receive(zmq::socket_t& socket, std::vector<zmq::message_t>& parts) {
+  parts.clear();
+  auto got = zmq::recv_multipart(socket, std::back_inserter(parts), zmq::recv_flags::dontwait);
+  return got.has_value();
+}
+
+} // namespace
+
+void subscriber(caf::blocking_actor* self, const std::shared_ptr<subscriber_socket>& socket,
+                const subscriber_options& opts, mirror_actor mirror,
+                std::shared_ptr<subscriber_stats> stats) {
+  const std::string who = "subscriber " + opts.replica;
+  wire::event_stream::config cfg;
+  cfg.replay_available = !opts.replay.empty();
+  cfg.replay_timeout = opts.replay_timeout;
+  wire::event_stream stream(cfg);
+  std::optional<zmq::socket_t> dealer;
+  if (cfg.replay_available) {
+    dealer.emplace(socket->context, zmq::socket_type::dealer);
+    dealer->set(zmq::sockopt::linger, 0);
+    dealer->connect(opts.replay);
+  }
+  auto last_error_log = std::chrono::steady_clock::time_point{};
+  auto carry_out = [&](std::vector<wire::stream_action> actions) {
+    for (auto& a : actions) {
+      switch (a.what) {
+      case wire::stream_action::kind::apply:
+        self->send(mirror, apply_atom::value,
+                   std::make_shared<const wire::event_batch>(std::move(a.batch)));
+        break;
+      case wire::stream_action::kind::reset:
+        if (a.decode_failure) {
+          auto now = std::chrono::steady_clock::now();
+          if (now - last_error_log > std::chrono::seconds(1)) { // once per burst
+            LLMGW_LOG(warning, who, "seq {}: payload does not decode ({}): {}", a.seq,
+                      wire::to_string(a.decode_failure->code), a.decode_failure->message);
+            last_error_log = now;
+          }
+        } else {
+          LLMGW_LOG(info, who, "resetting the mirror: {}", wire::to_string(a.reason));
+        }
+        self->send(mirror, reset_atom::value, static_cast<std::uint8_t>(a.reason));
+        break;
+      case wire::stream_action::kind::request_replay: {
+        auto start = wire::replay_request(a.seq);
+        std::array<zmq::const_buffer, 2> request = {zmq::const_buffer("", 0),
+                                                    zmq::const_buffer(start.data(), start.size())};
+        zmq::send_multipart(*dealer, request, zmq::send_flags::dontwait);
+        LLMGW_LOG(info, who, "asking the replay endpoint for seq {} onwards", a.seq);
+        break;
+      }
+      }
+    }
+    const auto& c = stream.counts();
+    stats->messages = c.messages;
+    stats->decode_errors = c.decode_errors;
+    stats->gaps = c.gaps;
+    stats->gaps_filled = c.gaps_filled;
+    stats->restarts = c.restarts;
+  };
+
+  bool running = true;
+  std::vector<zmq::message_t> parts;
+  while (running) {
+    zmq::pollitem_t items[2] = {{socket->sub.handle(), 0, ZMQ_POLLIN, 0},
+                                {dealer ? dealer->handle() : nullptr, 0, ZMQ_POLLIN, 0}};
+    zmq::poll(items, dealer ? 2 : 1, opts.poll_interval);
+    auto now = std::chrono::steady_clock::now();
+    while (receive(socket->sub, parts)) {
+      auto msg = wire::split_live_message(views(parts));
+      if (!msg) {
+        ++stats->bad_frames;
+        LLMGW_LOG(warning, who, "{}", msg.err().message);
+        continue;
+      }
+      carry_out(stream.on_live(msg->seq, msg->payload, now));
+    }
+    while (dealer && receive(*dealer, parts)) {
+      auto reply = wire::split_replay_reply(views(parts));
+      if (!reply) {
+        ++stats->bad_frames;
+        LLMGW_LOG(warning, who, "replay: {}", reply.err().message);
+        continue;
+      }
+      carry_out(stream.on_replay(*reply, now));
+    }
+    carry_out(stream.on_tick(now));
+    // Between polls: the mailbox, without waiting. An exit message ends the
+    // loop; nothing else is sent to a subscriber.
+    self->receive(
+      [&](caf::exit_msg& em) {
+        running = false;
+        self->fail_state(std::move(em.reason));
+      },
+      caf::after(std::chrono::milliseconds(0)) >> [] {});
+  }
+}
+
+} // namespace llmgw

@@ -1,0 +1,260 @@
+// A real subscriber and mirror (actors, on their own threads) fed over TCP
+// loopback by a publisher that connects like vLLM's and sends the captured
+// frames: the mirror must end in each capture's expected state, and reset
+// exactly when the stream says so.
+#include "actors/mirror.hpp"
+#include "actors/subscriber.hpp"
+#include "messages/registration.hpp"
+#include "tests/unit/support.hpp"
+#include "wire/zmq_message.hpp"
+
+#include <boost/json.hpp>
+#include <caf/all.hpp>
+#include <gtest/gtest.h>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include <set>
+#include <thread>
+
+using namespace std::chrono_literals;
+namespace json = boost::json;
+using namespace llmgw;
+
+namespace {
+
+struct frame {
+  std::string topic;
+  std::uint64_t seq;
+  std::string payload;
+};
+
+struct capture_data {
+  std::vector<frame> frames;
+  std::set<wire::block_ref> expected;
+  std::int64_t clears = 0;
+  std::string topic;
+};
+
+capture_data load(const std::string& name) {
+  capture_data c;
+  auto doc = llmgw::test::read_json(llmgw::test::capture_path(name));
+  c.topic = json::value_to<std::string>(doc.at("topic"));
+  for (const auto& f : doc.at("frames").as_array())
+    c.frames.push_back({llmgw::test::from_hex(json::value_to<std::string>(f.at("topic_hex"))),
+                        static_cast<std::uint64_t>(f.at("seq").as_int64()),
+                        llmgw::test::from_hex(json::value_to<std::string>(f.at("payload_hex")))});
+  for (const auto& b : doc.at("expected").at("final_blocks").as_array()) {
+    auto hash = json::value_to<std::string>(b.at("hash"));
+    auto key = json::value_to<std::string>(b.at("hash_kind")) == "int"
+                 ? std::stoull(hash)
+                 : wire::key_of(*wire::digest_from_hex(hash));
+    c.expected.insert({key, wire::medium_of(json::value_to<std::string>(b.at("medium")))});
+  }
+  c.clears = doc.at("expected").at("counts").at("AllBlocksCleared").as_int64();
+  return c;
+}
+
+struct sys_config : caf::actor_system_config {
+  sys_config() {
+    register_message_types(*this);
+    set("scheduler.max-threads", 2);
+  }
+};
+
+/// Publisher side: XPUB, connects, waits for the subscription.
+class publisher {
+public:
+  explicit publisher(const std::string& endpoint) : socket_(ctx_, zmq::socket_type::xpub) {
+    socket_.set(zmq::sockopt::linger, 2000);
+    socket_.set(zmq::sockopt::sndhwm, 0);
+    socket_.set(zmq::sockopt::rcvtimeo, 10000);
+    socket_.connect(endpoint);
+    zmq::message_t sub;
+    EXPECT_TRUE(socket_.recv(sub)) << "no subscription arrived";
+  }
+  void send(const frame& f, std::uint64_t seq) {
+    auto s = wire::encode_seq(seq);
+    std::array<zmq::const_buffer, 3> parts = {zmq::buffer(f.topic), zmq::buffer(s),
+                                              zmq::buffer(f.payload)};
+    zmq::send_multipart(socket_, parts);
+  }
+
+private:
+  zmq::context_t ctx_;
+  zmq::socket_t socket_;
+};
+
+/// A subscriber and mirror in a real actor system.
+struct agent_path {
+  sys_config cfg;
+  caf::actor_system sys{cfg};
+  mirror_actor mirror;
+  caf::actor sub;
+  std::shared_ptr<subscriber_stats> stats = std::make_shared<subscriber_stats>();
+  std::string endpoint;
+
+  explicit agent_path(const std::string& topic, const std::string& replay = "") {
+    mirror = sys.spawn(llmgw::mirror, std::string("r0"),
+                       std::optional<wire::parity_config>(wire::parity_config{"0", 16}));
+    subscriber_options opts;
+    opts.replica = "r0";
+    opts.topic = topic;
+    opts.replay = replay;
+    opts.replay_timeout = 2000ms;
+    auto bound = bind_subscriber(opts);
+    EXPECT_TRUE(bound.socket) << bound.error;
+    endpoint = bound.endpoint;
+    sub = sys.spawn<caf::detached>(subscriber, bound.socket, opts, mirror, stats);
+  }
+
+  ~agent_path() {
+    caf::anon_send_exit(sub, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(mirror, caf::exit_reason::user_shutdown);
+  }
+
+  /// Waits (bounded) until the subscriber has read `n` live messages.
+  bool wait_for_messages(std::uint64_t n) {
+    for (int i = 0; i < 1000 && stats->messages.load() < n; ++i)
+      std::this_thread::sleep_for(10ms);
+    return stats->messages.load() >= n;
+  }
+
+  /// The mirror's full state, as a new subscriber would get it.
+  replica_update snapshot() {
+    caf::scoped_actor self{sys};
+    replica_update out;
+    self->request(mirror, 10s, subscribe_atom::value, std::uint64_t{999})
+      .receive([&](const replica_update& u) { out = u; },
+               [&](const caf::error& e) { ADD_FAILURE() << sys.render(e); });
+    return out;
+  }
+};
+
+std::set<wire::block_ref> as_set(const replica_update& u) {
+  return {u.added.begin(), u.added.end()};
+}
+
+/// What the block table holds after applying frames [from, end) to an empty one.
+std::set<wire::block_ref> reference(const capture_data& c, std::size_t from) {
+  wire::block_table t;
+  for (std::size_t i = from; i < c.frames.size(); ++i)
+    t.apply(*wire::decode_batch(c.frames[i].payload));
+  auto held = t.held();
+  return {held.begin(), held.end()};
+}
+
+} // namespace
+
+class agent_stream_capture : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(agent_stream_capture, mirror_ends_in_the_expected_state) {
+  auto c = load(GetParam());
+  agent_path path(c.topic);
+  publisher pub(path.endpoint);
+  for (const auto& f : c.frames)
+    pub.send(f, f.seq);
+  ASSERT_TRUE(path.wait_for_messages(c.frames.size()));
+  auto state = path.snapshot();
+  EXPECT_EQ(as_set(state), c.expected);
+  EXPECT_EQ(state.epoch, static_cast<std::uint64_t>(c.clears)) << "one reset per AllBlocksCleared";
+  EXPECT_NE(state.parity, static_cast<std::uint8_t>(wire::parity_state::mismatch));
+  EXPECT_EQ(path.stats->gaps.load(), 0u);
+  EXPECT_EQ(path.stats->decode_errors.load(), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(vllm_captures, agent_stream_capture,
+                         ::testing::ValuesIn(llmgw::test::capture_names()), [](const auto& info) {
+                           std::string name = info.param.substr(0, info.param.size() - 5);
+                           for (auto& ch : name)
+                             if (ch == '.')
+                               ch = '_';
+                           return name;
+                         });
+
+TEST(agent_stream, a_dropped_frame_resets_then_follows_the_next_events) {
+  auto c = load("S1_basic.map.int.json");
+  agent_path path(c.topic);
+  publisher pub(path.endpoint);
+  for (const auto& f : c.frames)
+    if (f.seq != 4)
+      pub.send(f, f.seq);
+  ASSERT_TRUE(path.wait_for_messages(c.frames.size() - 1));
+  auto state = path.snapshot();
+  EXPECT_EQ(state.epoch, 1u);
+  EXPECT_EQ(as_set(state), reference(c, 5)) << "exactly what frames 5.. stored and kept";
+  EXPECT_EQ(path.stats->gaps.load(), 1u);
+}
+
+TEST(agent_stream, seq_back_to_zero_is_a_restart) {
+  auto first = load("S1_basic.map.int.json");
+  auto second = load("S6_dp.map.int.json");
+  agent_path path("");
+  publisher pub(path.endpoint);
+  for (const auto& f : first.frames)
+    pub.send(f, f.seq);
+  for (const auto& f : second.frames)
+    pub.send(f, f.seq);
+  ASSERT_TRUE(path.wait_for_messages(first.frames.size() + second.frames.size()));
+  auto state = path.snapshot();
+  EXPECT_EQ(state.epoch, 1u);
+  EXPECT_EQ(as_set(state), second.expected) << "nothing of the first publisher survives";
+  EXPECT_EQ(path.stats->restarts.load(), 1u);
+}
+
+TEST(agent_stream, replay_fills_a_gap_without_reset) {
+  auto c = load("S3_lora_salt.array.bytes.json");
+  zmq::context_t ctx;
+  zmq::socket_t router(ctx, zmq::socket_type::router);
+  router.set(zmq::sockopt::linger, 0);
+  router.bind("tcp://127.0.0.1:*");
+  auto replay_endpoint = router.get(zmq::sockopt::last_endpoint);
+  std::atomic<bool> done{false};
+  std::thread service([&] {
+    while (!done.load()) {
+      zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
+      if (zmq::poll(&item, 1, 20ms) == 0)
+        continue;
+      std::vector<zmq::message_t> req;
+      (void)zmq::recv_multipart(router, std::back_inserter(req));
+      if (req.size() != 3)
+        continue;
+      auto start = wire::decode_seq(req[2].to_string_view());
+      for (const auto& f : c.frames) {
+        if (!start || f.seq < *start)
+          continue;
+        auto s = wire::encode_seq(f.seq);
+        std::array<zmq::const_buffer, 5> parts = {zmq::buffer(req[0].data(), req[0].size()),
+                                                  zmq::buffer("", 0), zmq::buffer(f.topic),
+                                                  zmq::buffer(s), zmq::buffer(f.payload)};
+        zmq::send_multipart(router, parts);
+      }
+      auto end = wire::encode_seq(~std::uint64_t{0});
+      std::array<zmq::const_buffer, 5> marker = {zmq::buffer(req[0].data(), req[0].size()),
+                                                 zmq::buffer("", 0), zmq::buffer("", 0),
+                                                 zmq::buffer(end), zmq::buffer("", 0)};
+      zmq::send_multipart(router, marker);
+    }
+  });
+  struct stop_service {
+    std::atomic<bool>& done;
+    std::thread& t;
+    ~stop_service() {
+      done = true;
+      t.join();
+    }
+  } stopper{done, service};
+
+  agent_path path(c.topic, replay_endpoint);
+  publisher pub(path.endpoint);
+  for (const auto& f : c.frames)
+    if (f.seq != 2 && f.seq != 3)
+      pub.send(f, f.seq);
+  ASSERT_TRUE(path.wait_for_messages(c.frames.size() - 2));
+  for (int i = 0; i < 300 && path.stats->gaps_filled.load() == 0; ++i)
+    std::this_thread::sleep_for(10ms);
+  auto state = path.snapshot();
+  EXPECT_EQ(path.stats->gaps_filled.load(), 1u);
+  EXPECT_EQ(state.epoch, 0u) << "filled by replay: no reset";
+  EXPECT_EQ(as_set(state), c.expected);
+}
