@@ -17,6 +17,9 @@ using reset_atom = caf::atom_constant<caf::atom("reset")>;
 using subscribe_atom = caf::atom_constant<caf::atom("subscribe")>;
 using drain_atom = caf::atom_constant<caf::atom("drain")>;
 using unsub_atom = caf::atom_constant<caf::atom("unsub")>;
+using connected_atom = caf::atom_constant<caf::atom("connected")>;
+using connect_atom = caf::atom_constant<caf::atom("connect")>;
+using flush_atom = caf::atom_constant<caf::atom("flush")>;
 
 /// The only owner of one engine's block table.
 using mirror_actor = caf::typed_actor<
@@ -31,5 +34,23 @@ using mirror_actor = caf::typed_actor<
   caf::replies_to<drain_atom, std::uint64_t>::with<replica_update>,
   // Stop tracking peer N.
   caf::reacts_to<unsub_atom, std::uint64_t>>;
+
+/// One per control node on an agent node: sends its node's mirrors' changes.
+using forwarder_actor = caf::typed_actor<
+  // The control node's actor (a control_actor) is reachable: start a session.
+  caf::reacts_to<connected_atom, caf::strong_actor_ptr>,
+  // Time to ask for a connection (again): the backoff timer fired.
+  caf::reacts_to<connect_atom>,
+  // The flush timer: drain every mirror and send what changed.
+  caf::reacts_to<flush_atom>,
+  // The control node applied updates up to a seq.
+  caf::reacts_to<session_ack>>;
+
+/// The control node's side of agent sessions.
+using control_actor = caf::typed_actor<
+  // A session starts: who the agent is, and where to send acks.
+  caf::reacts_to<agent_hello, forwarder_actor>,
+  // The net change of one replica, within a session.
+  caf::reacts_to<replica_update>>;
 
 } // namespace llmgw

@@ -1,7 +1,7 @@
 // The mirror actor under CAF's deterministic test coordinator: no threads,
 // every message delivered by run(), results collected by a probe actor.
 #include "actors/mirror.hpp"
-#include "messages/registration.hpp"
+#include "tests/actors/deterministic.hpp"
 #include "tests/unit/support.hpp"
 
 #include <boost/json.hpp>
@@ -15,19 +15,7 @@ using namespace llmgw;
 
 namespace {
 
-struct test_config : caf::actor_system_config {
-  test_config() {
-    register_message_types(*this);
-    set("scheduler.policy", caf::atom("testing"));
-    set("logger.verbosity", caf::atom("quiet"));
-  }
-};
-
-struct deterministic : ::testing::Test {
-  test_config cfg;
-  caf::actor_system sys{cfg};
-  caf::scheduler::test_coordinator& sched =
-    dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
+struct deterministic : llmgw::test::deterministic {
   std::vector<replica_update> replies;
 
   /// Asks `m` and stores the reply in `replies`.
@@ -39,16 +27,6 @@ struct deterministic : ::testing::Test {
       });
     });
     sched.run();
-  }
-
-  std::vector<batch_ptr> capture(const std::string& name) {
-    std::vector<batch_ptr> out;
-    auto doc = llmgw::test::read_json(llmgw::test::capture_path(name));
-    for (const auto& f : doc.at("frames").as_array()) {
-      auto payload = llmgw::test::from_hex(json::value_to<std::string>(f.at("payload_hex")));
-      out.push_back(std::make_shared<const wire::event_batch>(*wire::decode_batch(payload)));
-    }
-    return out;
   }
 };
 

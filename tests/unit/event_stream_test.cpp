@@ -224,3 +224,23 @@ TEST(event_stream, late_start_with_a_buffer_that_no_longer_reaches_zero) {
   EXPECT_EQ(f.mirror.epoch(), 0u) << "history before the buffer is simply unknown";
   EXPECT_EQ(f.log, (std::vector<std::string>{"replay 0", "apply 3", "apply 4", "apply 5"}));
 }
+
+#include "wire/session_window.hpp"
+
+TEST(session_window, bounds_what_is_in_flight) {
+  session_window w(2);
+  w.start(10);
+  EXPECT_TRUE(w.has_room());
+  EXPECT_EQ(w.next(), 1u);
+  EXPECT_EQ(w.next(), 2u);
+  EXPECT_FALSE(w.has_room());
+  EXPECT_FALSE(w.ack(9, 2)) << "an old session's ack";
+  EXPECT_FALSE(w.ack(10, 3)) << "beyond what was sent";
+  EXPECT_TRUE(w.ack(10, 1));
+  EXPECT_TRUE(w.has_room());
+  EXPECT_FALSE(w.ack(10, 1)) << "a repeated ack";
+  EXPECT_EQ(w.next(), 3u);
+  w.start(11);
+  EXPECT_EQ(w.in_flight(), 0u);
+  EXPECT_EQ(w.next(), 1u) << "numbering restarts per session";
+}

@@ -1,0 +1,59 @@
+// The forwarder: one per control node on an agent node. Every flush interval
+// it drains every mirror of its node and sends the non-empty changes, one
+// message per replica; a session (each new connection) begins with agent_hello
+// and a full copy of every replica. A bounded window of unacknowledged updates
+// (wire::session_window) keeps a slow or gone control node from growing
+// memory: while it is full, the mirrors are simply not drained. When the
+// control node goes down, the forwarder asks for a new connection with
+// exponential backoff.
+#pragma once
+
+#include "actors/interfaces.hpp"
+#include "wire/session_window.hpp"
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace llmgw {
+
+struct forwarder_options {
+  std::string node;    ///< this agent node's name
+  std::string control; ///< the control node's name (logs, peer id)
+  std::chrono::milliseconds flush_interval{250};
+  std::uint64_t window = 64; ///< unacknowledged updates at most
+  std::chrono::milliseconds backoff_min{100};
+  std::chrono::milliseconds backoff_max{5000};
+};
+
+/// A replica's mirror, by the replica id of the topology.
+struct mirror_entry {
+  std::string replica;
+  mirror_actor mirror;
+};
+
+/// Asks for a connection to the control node; whoever carries it out sends
+/// `connected_atom` with the control actor to the forwarder when it succeeds
+/// (and nothing when it fails: the forwarder retries after its backoff).
+using connect_function = std::function<void(const forwarder_actor&)>;
+
+struct forwarder_state {
+  forwarder_options opts;
+  std::vector<mirror_entry> mirrors;
+  connect_function connect;
+  control_actor control; ///< invalid while disconnected
+  wire::session_window window{64};
+  std::uint64_t peer = 0; ///< our subscriber id at every mirror
+  std::uint64_t sessions = 0;
+  std::chrono::milliseconds backoff{0};
+  std::uint64_t updates_sent = 0;
+  std::uint64_t flushes_skipped = 0; ///< flushes that found the window full
+  static inline const char* name = "forwarder";
+};
+
+forwarder_actor::behavior_type forwarder(forwarder_actor::stateful_pointer<forwarder_state> self,
+                                         forwarder_options opts, std::vector<mirror_entry> mirrors,
+                                         connect_function connect);
+
+} // namespace llmgw

@@ -1,0 +1,179 @@
+// The forwarder under the deterministic coordinator, with real mirrors and a
+// fake control node that records what it receives.
+#include "actors/forwarder.hpp"
+#include "actors/mirror.hpp"
+#include "tests/actors/deterministic.hpp"
+
+#include <set>
+
+using namespace llmgw;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct received {
+  std::vector<agent_hello> hellos;
+  std::vector<replica_update> updates;
+  bool ack = true; ///< answer every update with an ack
+};
+
+control_actor::behavior_type fake_control(control_actor::pointer self,
+                                          std::shared_ptr<received> log) {
+  auto fwd = std::make_shared<forwarder_actor>();
+  return {
+    [log, fwd](const agent_hello& h, const forwarder_actor& f) {
+      log->hellos.push_back(h);
+      *fwd = f;
+    },
+    [self, log, fwd](const replica_update& u) {
+      log->updates.push_back(u);
+      if (log->ack && *fwd)
+        self->send(*fwd, session_ack{u.session, u.seq});
+    },
+  };
+}
+
+struct forwarder_test : llmgw::test::deterministic {
+  std::shared_ptr<received> log = std::make_shared<received>();
+  control_actor control = stop_at_end(sys.spawn(fake_control, log));
+  mirror_actor m0 =
+    stop_at_end(sys.spawn(mirror, std::string("r0"), std::optional<wire::parity_config>{}));
+  mirror_actor m1 =
+    stop_at_end(sys.spawn(mirror, std::string("r1"), std::optional<wire::parity_config>{}));
+  std::vector<batch_ptr> s1 = capture("S1_basic.map.int.json");
+  std::vector<batch_ptr> s3 = capture("S3_lora_salt.map.int.json");
+  int connect_calls = 0;
+  bool reachable = true;
+
+  forwarder_actor start(std::uint64_t window = 64) {
+    forwarder_options opts;
+    opts.node = "agent-a";
+    opts.control = "control-1";
+    opts.window = window;
+    auto connect = [this](const forwarder_actor& f) {
+      ++connect_calls;
+      if (reachable)
+        caf::anon_send(f, connected_atom::value, caf::actor_cast<caf::strong_actor_ptr>(control));
+    };
+    auto f = sys.spawn(forwarder, opts, std::vector<mirror_entry>{{"r0", m0}, {"r1", m1}},
+                       connect_function(connect));
+    sched.run();
+    return stop_at_end(f);
+  }
+
+  void flush() {
+    sched.advance_time(250ms);
+    sched.run();
+  }
+
+  void apply(const mirror_actor& m, const batch_ptr& b) {
+    caf::anon_send(m, apply_atom::value, b);
+    sched.run();
+  }
+};
+
+std::set<wire::block_ref> replay_into_copy(const std::vector<replica_update>& updates,
+                                           const std::string& replica) {
+  std::set<wire::block_ref> copy;
+  for (const auto& u : updates) {
+    if (u.replica != replica)
+      continue;
+    if (u.reset)
+      copy.clear();
+    for (const auto& r : u.removed)
+      copy.erase(r);
+    for (const auto& r : u.added)
+      copy.insert(r);
+  }
+  return copy;
+}
+
+} // namespace
+
+TEST_F(forwarder_test, a_session_starts_with_hello_and_a_full_copy) {
+  apply(m0, s1[0]);
+  apply(m1, s3[0]);
+  start();
+  ASSERT_EQ(log->hellos.size(), 1u);
+  EXPECT_EQ(log->hellos[0].node, "agent-a");
+  EXPECT_EQ(log->hellos[0].replicas, (std::vector<std::string>{"r0", "r1"}));
+  ASSERT_EQ(log->updates.size(), 2u);
+  for (const auto& u : log->updates) {
+    EXPECT_TRUE(u.reset) << "the first update of each replica is its full state";
+    EXPECT_EQ(u.node, "agent-a");
+    EXPECT_EQ(u.session, log->hellos[0].session);
+    EXPECT_FALSE(u.added.empty());
+  }
+  EXPECT_EQ(log->updates[0].seq + log->updates[1].seq, 3u) << "numbered 1 and 2";
+}
+
+TEST_F(forwarder_test, flushes_send_only_what_changed) {
+  start();
+  auto after_start = log->updates.size();
+  flush();
+  EXPECT_EQ(log->updates.size(), after_start) << "nothing changed: nothing sent";
+  for (const auto& b : s1)
+    apply(m0, b);
+  EXPECT_EQ(log->updates.size(), after_start) << "nothing is sent before the flush timer";
+  flush();
+  ASSERT_EQ(log->updates.size(), after_start + 1) << "one message for the one replica that changed";
+  EXPECT_EQ(log->updates.back().replica, "r0");
+  auto copy = replay_into_copy(log->updates, "r0");
+  auto want_doc = llmgw::test::read_json(llmgw::test::capture_path("S1_basic.map.int.json"));
+  EXPECT_EQ(copy.size(),
+            static_cast<std::size_t>(want_doc.at("expected").at("final_size").as_int64()));
+}
+
+TEST_F(forwarder_test, a_full_window_stops_draining_until_acked) {
+  log->ack = false;
+  auto f = start(/*window=*/2);
+  EXPECT_EQ(log->updates.size(), 2u) << "the two full copies fill the window";
+  apply(m0, s1[0]);
+  flush();
+  flush();
+  EXPECT_EQ(log->updates.size(), 2u) << "window full: the change waits in the mirror";
+  auto session = log->updates.back().session;
+  caf::anon_send(f, session_ack{session + 1, 2}); // another session's ack: ignored
+  flush();
+  EXPECT_EQ(log->updates.size(), 2u);
+  caf::anon_send(f, session_ack{session, 2});
+  flush();
+  ASSERT_EQ(log->updates.size(), 3u) << "room again: the waiting change goes out";
+  EXPECT_EQ(log->updates.back().replica, "r0");
+  EXPECT_EQ(log->updates.back().seq, 3u);
+  EXPECT_EQ(log->updates.back().added.size(), s1[0]->events[0].block_hashes.size());
+}
+
+TEST_F(forwarder_test, a_lost_control_node_gets_a_new_session_with_a_full_copy) {
+  apply(m0, s1[0]);
+  start();
+  ASSERT_EQ(log->hellos.size(), 1u);
+  auto first_session = log->hellos[0].session;
+  reachable = false;
+  caf::anon_send_exit(control, caf::exit_reason::kill);
+  sched.run();
+  apply(m0, s1[1]);
+  sched.advance_time(100ms); // first backoff step: the control node is still away
+  sched.run();
+  EXPECT_EQ(connect_calls, 2);
+  EXPECT_EQ(log->hellos.size(), 1u);
+  // The control node is back (a new process, a new actor).
+  control = stop_at_end(sys.spawn(fake_control, log));
+  reachable = true;
+  sched.advance_time(200ms); // the backoff doubled
+  sched.run();
+  ASSERT_EQ(log->hellos.size(), 2u);
+  EXPECT_NE(log->hellos[1].session, first_session);
+  std::vector<replica_update> second;
+  for (const auto& u : log->updates)
+    if (u.session == log->hellos[1].session)
+      second.push_back(u);
+  ASSERT_EQ(second.size(), 2u) << "a full copy of each replica";
+  std::set<std::uint64_t> seqs{second[0].seq, second[1].seq};
+  EXPECT_EQ(seqs, (std::set<std::uint64_t>{1, 2})) << "numbering restarts per session";
+  const auto& full = second[0].replica == "r0" ? second[0] : second[1];
+  EXPECT_TRUE(full.reset);
+  EXPECT_EQ(full.added.size(),
+            s1[0]->events[0].block_hashes.size() + s1[1]->events[0].block_hashes.size())
+    << "the full copy includes what changed while disconnected";
+}
