@@ -33,4 +33,7 @@ void report(const std::string& name, double value, const std::string& unit,
 /// `llmgw-bench wire`: decoding and hashing throughput.
 int run_wire_bench(int rounds);
 
+/// `llmgw-bench agent`: the agent's events-to-updates path.
+int run_agent_bench(int rounds);
+
 } // namespace llmgw::bench

@@ -24,6 +24,11 @@ int main(int argc, char** argv) {
     ->check(CLI::Range(3, 1000))
     ->capture_default_str();
   wire->callback([&] { exit_code = llmgw::bench::run_wire_bench(rounds); });
+  auto* agent = app.add_subcommand("agent", "events to updates: decode, mirror, drain, serialize");
+  agent->add_option("--rounds", rounds, "timed rounds per measurement (median reported)")
+    ->check(CLI::Range(3, 1000))
+    ->capture_default_str();
+  agent->callback([&] { exit_code = llmgw::bench::run_agent_bench(rounds); });
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }
