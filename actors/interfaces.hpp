@@ -20,6 +20,9 @@ using unsub_atom = caf::atom_constant<caf::atom("unsub")>;
 using connected_atom = caf::atom_constant<caf::atom("connected")>;
 using connect_atom = caf::atom_constant<caf::atom("connect")>;
 using flush_atom = caf::atom_constant<caf::atom("flush")>;
+using poll_atom = caf::atom_constant<caf::atom("poll")>;
+using start_atom = caf::atom_constant<caf::atom("start")>;
+using status_atom = caf::atom_constant<caf::atom("status")>;
 
 /// The only owner of one engine's block table.
 using mirror_actor = caf::typed_actor<
@@ -45,6 +48,15 @@ using forwarder_actor = caf::typed_actor<
   caf::reacts_to<flush_atom>,
   // The control node applied updates up to a seq.
   caf::reacts_to<session_ack>>;
+
+/// Starts one engine and restarts it with backoff when it exits.
+using engine_supervisor_actor = caf::typed_actor<
+  // (Re)start the engine process now.
+  caf::reacts_to<start_atom>,
+  // Timer: check whether the engine process is still running.
+  caf::reacts_to<poll_atom>,
+  // The engine's pid (0 while not running) and how often it was started.
+  caf::replies_to<status_atom>::with<std::int64_t, std::uint64_t>>;
 
 /// The control node's side of agent sessions.
 using control_actor = caf::typed_actor<

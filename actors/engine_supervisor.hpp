@@ -1,0 +1,40 @@
+// The engine supervisor: starts one engine (vLLM, or llmgw-sim) with the
+// command line wire::make_engine_launch builds, polls for its exit, resets
+// the engine's mirror when it exits (its KV cache is gone) and starts it
+// again with exponential backoff. When the supervisor stops, it stops the
+// engine: SIGTERM, then SIGKILL after a grace period.
+#pragma once
+
+#include "actors/interfaces.hpp"
+#include "wire/engine_command.hpp"
+
+#include <chrono>
+#include <string>
+#include <sys/types.h>
+
+namespace llmgw {
+
+struct engine_supervisor_options {
+  std::string replica;
+  wire::engine_launch launch;
+  std::chrono::milliseconds poll_interval{100};
+  std::chrono::milliseconds backoff_min{500};
+  std::chrono::milliseconds backoff_max{30000};
+  std::chrono::milliseconds stop_grace{5000};
+};
+
+struct engine_supervisor_state {
+  engine_supervisor_options opts;
+  mirror_actor mirror; ///< may be invalid: an engine without kv_events
+  pid_t pid = 0;
+  std::uint64_t starts = 0;
+  std::chrono::milliseconds backoff{0};
+  std::chrono::steady_clock::time_point started_at;
+  static inline const char* name = "engine_supervisor";
+};
+
+engine_supervisor_actor::behavior_type
+engine_supervisor(engine_supervisor_actor::stateful_pointer<engine_supervisor_state> self,
+                  engine_supervisor_options opts, mirror_actor mirror);
+
+} // namespace llmgw

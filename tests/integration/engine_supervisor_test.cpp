@@ -1,0 +1,139 @@
+// The engine supervisor with real processes: a stand-in engine (a shell
+// script) records how it was started; the supervisor must pass the seed and
+// flags, restart it with backoff when it exits, reset its mirror each time,
+// and stop it when the supervisor stops.
+#include "actors/engine_supervisor.hpp"
+#include "actors/mirror.hpp"
+#include "messages/registration.hpp"
+
+#include <caf/all.hpp>
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <unistd.h>
+
+using namespace std::chrono_literals;
+using namespace llmgw;
+
+namespace {
+
+struct sys_config : caf::actor_system_config {
+  sys_config() {
+    register_message_types(*this);
+    set("scheduler.max-threads", 2);
+  }
+};
+
+std::string temp_path(const std::string& name) {
+  return "/tmp/llmgw-test-" + std::to_string(getpid()) + "-" + name;
+}
+
+std::vector<std::string> lines_of(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> out;
+  for (std::string line; std::getline(in, line);)
+    out.push_back(line);
+  return out;
+}
+
+std::pair<std::int64_t, std::uint64_t> status(caf::actor_system& sys,
+                                              const engine_supervisor_actor& s) {
+  caf::scoped_actor self{sys};
+  std::pair<std::int64_t, std::uint64_t> out{-1, 0};
+  self->request(s, 10s, status_atom::value)
+    .receive(
+      [&](std::int64_t pid, std::uint64_t starts) {
+        out = {pid, starts};
+      },
+      [&](const caf::error& e) { ADD_FAILURE() << sys.render(e); });
+  return out;
+}
+
+std::uint64_t mirror_epoch(caf::actor_system& sys, const mirror_actor& m) {
+  caf::scoped_actor self{sys};
+  std::uint64_t epoch = 0;
+  self->request(m, 10s, subscribe_atom::value, std::uint64_t{1})
+    .receive([&](const replica_update& u) { epoch = u.epoch; },
+             [&](const caf::error& e) { ADD_FAILURE() << sys.render(e); });
+  return epoch;
+}
+
+} // namespace
+
+TEST(engine_supervisor, restarts_an_exiting_engine_and_resets_its_mirror) {
+  auto record = temp_path("starts");
+  std::remove(record.c_str());
+  sys_config cfg;
+  caf::actor_system sys{cfg};
+  auto m = sys.spawn(mirror, std::string("r0"), std::optional<wire::parity_config>{});
+  wire::engine_launch_options lo;
+  lo.command = {"/bin/sh", "-c", "echo \"$PYTHONHASHSEED $*\" >> " + record + "; exit 3", "engine"};
+  lo.seed = "1234";
+  lo.kv_events = true;
+  lo.events_endpoint = "tcp://127.0.0.1:40000";
+  engine_supervisor_options opts;
+  opts.replica = "r0";
+  opts.launch = wire::make_engine_launch(lo);
+  opts.poll_interval = 20ms;
+  opts.backoff_min = 50ms;
+  opts.backoff_max = 200ms;
+  auto s = sys.spawn(engine_supervisor, opts, m);
+  for (int i = 0; i < 300 && lines_of(record).size() < 4; ++i)
+    std::this_thread::sleep_for(10ms);
+  auto lines = lines_of(record);
+  ASSERT_GE(lines.size(), 4u) << "the engine is started again after each exit";
+  EXPECT_EQ(lines[0].rfind("1234 --prefix-caching-hash-algo sha256_cbor --kv-events-config {", 0),
+            0u)
+    << lines[0];
+  EXPECT_NE(lines[0].find("\"endpoint\":\"tcp://127.0.0.1:40000\""), std::string::npos) << lines[0];
+  EXPECT_GE(status(sys, s).second, 4u);
+  EXPECT_GE(mirror_epoch(sys, m), 3u) << "each exit resets the mirror";
+  caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(m, caf::exit_reason::user_shutdown);
+  std::remove(record.c_str());
+}
+
+TEST(engine_supervisor, stopping_the_supervisor_stops_the_engine) {
+  sys_config cfg;
+  caf::actor_system sys{cfg};
+  engine_supervisor_options opts;
+  opts.replica = "r1";
+  opts.launch.argv = {"/bin/sleep", "30"};
+  opts.poll_interval = 20ms;
+  auto s = sys.spawn(engine_supervisor, opts, mirror_actor{});
+  std::int64_t pid = 0;
+  for (int i = 0; i < 200 && pid <= 0; ++i) {
+    pid = status(sys, s).first;
+    if (pid <= 0)
+      std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_GT(pid, 0);
+  EXPECT_EQ(kill(static_cast<pid_t>(pid), 0), 0) << "running";
+  caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+  bool gone = false;
+  for (int i = 0; i < 300 && !gone; ++i) {
+    gone = kill(static_cast<pid_t>(pid), 0) != 0;
+    if (!gone)
+      std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_TRUE(gone) << "the engine is stopped (and reaped) with its supervisor";
+}
+
+TEST(engine_supervisor, a_missing_program_is_retried_not_fatal) {
+  sys_config cfg;
+  caf::actor_system sys{cfg};
+  engine_supervisor_options opts;
+  opts.replica = "r2";
+  opts.launch.argv = {"/nonexistent/llmgw-engine"};
+  opts.poll_interval = 20ms;
+  opts.backoff_min = 20ms;
+  auto s = sys.spawn(engine_supervisor, opts, mirror_actor{});
+  std::this_thread::sleep_for(100ms);
+  auto [pid, starts] = status(sys, s);
+  EXPECT_EQ(pid, 0);
+  EXPECT_EQ(starts, 0u);
+  caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+}

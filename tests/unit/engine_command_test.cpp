@@ -1,0 +1,41 @@
+#include "wire/engine_command.hpp"
+
+#include <boost/json.hpp>
+#include <gtest/gtest.h>
+
+using namespace llmgw::wire;
+
+TEST(engine_command, adds_seed_hash_algo_and_events_config) {
+  engine_launch_options o;
+  o.command = {"vllm", "serve", "Qwen/Qwen3-8B", "--block-size", "16"};
+  o.seed = "0";
+  o.kv_events = true;
+  o.events_endpoint = "tcp://127.0.0.1:41000";
+  o.replay_endpoint = "tcp://127.0.0.1:41001";
+  o.topic = "kv";
+  auto l = make_engine_launch(o);
+  ASSERT_EQ(l.argv.size(), 9u);
+  EXPECT_EQ(l.argv[5], "--prefix-caching-hash-algo");
+  EXPECT_EQ(l.argv[6], "sha256_cbor");
+  EXPECT_EQ(l.argv[7], "--kv-events-config");
+  auto cfg = boost::json::parse(l.argv[8]).as_object();
+  EXPECT_EQ(cfg.at("enable_kv_cache_events").as_bool(), true);
+  EXPECT_EQ(cfg.at("publisher").as_string(), "zmq");
+  EXPECT_EQ(cfg.at("endpoint").as_string(), "tcp://127.0.0.1:41000");
+  EXPECT_EQ(cfg.at("replay_endpoint").as_string(), "tcp://127.0.0.1:41001");
+  EXPECT_EQ(cfg.at("topic").as_string(), "kv");
+  ASSERT_EQ(l.env.size(), 1u);
+  EXPECT_EQ(l.env[0], std::make_pair(std::string("PYTHONHASHSEED"), std::string("0")));
+}
+
+TEST(engine_command, replaces_the_operators_own_flags) {
+  engine_launch_options o;
+  o.command = {
+    "vllm",   "serve", "m", "--prefix-caching-hash-algo", "sha256", "--kv-events-config={}",
+    "--port", "8000"};
+  o.seed = "7";
+  auto l = make_engine_launch(o);
+  EXPECT_EQ(l.argv, (std::vector<std::string>{"vllm", "serve", "m", "--port", "8000",
+                                              "--prefix-caching-hash-algo", "sha256_cbor"}))
+    << "without kv_events no events config is passed, and the operator's is dropped";
+}

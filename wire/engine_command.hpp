@@ -1,0 +1,40 @@
+// The command line and environment llmgw starts an engine with. Pure code:
+// the engine supervisor actor only spawns what this returns.
+//
+// For a vLLM command line (or llmgw-sim, which takes the same flags):
+// - PYTHONHASHSEED is the topology's seed, so block hashes are reproducible;
+// - --prefix-caching-hash-algo sha256_cbor, the only algorithm llmgw can
+//   recompute outside Python;
+// - with kv_events, --kv-events-config with the subscriber's endpoint (the
+//   engine's PUB connects to it), the replay endpoint and topic if any.
+// Flags of the same name in the operator's command are replaced, not
+// duplicated (the last occurrence would win in vLLM, silently).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace llmgw::wire {
+
+struct engine_launch {
+  std::vector<std::string> argv;                        ///< argv[0] is the program
+  std::vector<std::pair<std::string, std::string>> env; ///< set on top of llmgw's own
+};
+
+struct engine_launch_options {
+  std::vector<std::string> command; ///< the operator's command line
+  std::string seed;                 ///< PYTHONHASHSEED
+  bool kv_events = false;
+  std::string events_endpoint; ///< tcp://127.0.0.1:PORT the subscriber bound
+  std::string replay_endpoint; ///< tcp://127.0.0.1:PORT for vLLM's ROUTER, or empty
+  std::string topic;
+};
+
+/// The command and environment to start the engine with.
+engine_launch make_engine_launch(const engine_launch_options& opts);
+
+/// The JSON for --kv-events-config.
+std::string kv_events_config_json(const engine_launch_options& opts);
+
+} // namespace llmgw::wire
