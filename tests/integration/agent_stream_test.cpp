@@ -2,6 +2,8 @@
 // loopback by a publisher that connects like vLLM's and sends the captured
 // frames: the mirror must end in each capture's expected state, and reset
 // exactly when the stream says so.
+#include "actors/control_connector.hpp"
+#include "actors/forwarder.hpp"
 #include "actors/mirror.hpp"
 #include "actors/subscriber.hpp"
 #include "messages/registration.hpp"
@@ -10,10 +12,12 @@
 
 #include <boost/json.hpp>
 #include <caf/all.hpp>
+#include <caf/io/all.hpp>
 #include <gtest/gtest.h>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -257,4 +261,99 @@ TEST(agent_stream, replay_fills_a_gap_without_reset) {
   EXPECT_EQ(path.stats->gaps_filled.load(), 1u);
   EXPECT_EQ(state.epoch, 0u) << "filled by replay: no reset";
   EXPECT_EQ(as_set(state), c.expected);
+}
+
+// The whole agent path: publisher -> subscriber -> mirror -> forwarder ->
+// (CAF over loopback) -> a control node's copy, for the churn capture.
+namespace {
+
+struct net_config : caf::actor_system_config {
+  net_config() {
+    load<caf::io::middleman>();
+    register_message_types(*this);
+    set("scheduler.max-threads", 2);
+  }
+};
+
+struct control_copy {
+  std::mutex mtx;
+  std::set<wire::block_ref> blocks;
+  std::uint64_t updates = 0;
+};
+
+control_actor::behavior_type copying_control(control_actor::pointer self,
+                                             std::shared_ptr<control_copy> copy) {
+  auto fwd = std::make_shared<forwarder_actor>();
+  return {
+    [fwd](const agent_hello&, const forwarder_actor& f) { *fwd = f; },
+    [self, copy, fwd](const replica_update& u) {
+      {
+        std::lock_guard<std::mutex> g(copy->mtx);
+        if (u.reset)
+          copy->blocks.clear();
+        for (const auto& r : u.removed)
+          copy->blocks.erase(r);
+        for (const auto& r : u.added)
+          copy->blocks.insert(r);
+        ++copy->updates;
+      }
+      self->send(*fwd, session_ack{u.session, u.seq});
+    },
+  };
+}
+
+} // namespace
+
+TEST(agent_path, the_control_nodes_copy_equals_the_engines_blocks) {
+  net_config control_cfg;
+  caf::actor_system control_sys{control_cfg};
+  auto copy = std::make_shared<control_copy>();
+  auto control = control_sys.spawn(copying_control, copy);
+  auto port = control_sys.middleman().publish(control, 0, "127.0.0.1");
+  ASSERT_TRUE(port) << control_sys.render(port.error());
+
+  auto c = load("S2_churn.map.int.json");
+  net_config agent_cfg;
+  caf::actor_system agent_sys{agent_cfg};
+  auto m = agent_sys.spawn(mirror, std::string("r0"),
+                           std::optional<wire::parity_config>(wire::parity_config{"0", 16}));
+  subscriber_options sopts;
+  sopts.replica = "r0";
+  sopts.topic = c.topic;
+  auto bound = bind_subscriber(sopts);
+  ASSERT_TRUE(bound.socket) << bound.error;
+  auto stats = std::make_shared<subscriber_stats>();
+  auto sub = agent_sys.spawn<caf::detached>(subscriber, bound.socket, sopts, m, stats);
+  forwarder_options fopts;
+  fopts.node = "agent-a";
+  fopts.control = "control-1";
+  fopts.flush_interval = 50ms;
+  auto fwd = agent_sys.spawn(forwarder, fopts, std::vector<mirror_entry>{{"r0", m}},
+                             middleman_connector("127.0.0.1", *port, 5s));
+  {
+    publisher pub(bound.endpoint);
+    for (const auto& f : c.frames)
+      pub.send(f, f.seq);
+    for (int i = 0; i < 1000 && stats->messages.load() < c.frames.size(); ++i)
+      std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(stats->messages.load(), c.frames.size());
+  bool equal = false;
+  for (int i = 0; i < 300 && !equal; ++i) { // a few flushes
+    {
+      std::lock_guard<std::mutex> g(copy->mtx);
+      equal = copy->blocks == c.expected;
+    }
+    if (!equal)
+      std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_TRUE(equal) << "the control node's copy must equal the capture's final state";
+  {
+    std::lock_guard<std::mutex> g(copy->mtx);
+    EXPECT_LT(copy->updates, c.frames.size()) << "changes are batched per flush, not per event";
+  }
+  caf::anon_send_exit(sub, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(fwd, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(m, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(control, caf::exit_reason::user_shutdown);
 }
