@@ -7,10 +7,11 @@
 
 namespace llmgw {
 
-replica_update to_update(const std::string& replica, const wire::table_delta& delta,
-                         wire::parity_state parity) {
+replica_update to_update(const mirror_state& st, const wire::table_delta& delta) {
+  auto parity = st.table.parity();
   replica_update u;
-  u.replica = replica;
+  u.replica = st.replica;
+  u.dp_rank = st.dp_rank;
   u.epoch = delta.epoch;
   u.reset = delta.reset;
   u.parity = static_cast<std::uint8_t>(parity);
@@ -47,11 +48,13 @@ mirror_actor::behavior_type mirror(mirror_actor::stateful_pointer<mirror_state> 
     },
     [self](subscribe_atom, std::uint64_t peer) {
       auto& st = self->state;
-      return to_update(st.replica, st.table.subscribe(peer), st.table.parity());
+      auto delta = st.table.subscribe(peer);
+      return to_update(st, delta);
     },
     [self](drain_atom, std::uint64_t peer) {
       auto& st = self->state;
-      return to_update(st.replica, st.table.drain(peer), st.table.parity());
+      auto delta = st.table.drain(peer);
+      return to_update(st, delta);
     },
     [self](unsub_atom, std::uint64_t peer) { self->state.table.unsubscribe(peer); },
   };

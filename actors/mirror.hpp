@@ -22,6 +22,7 @@ struct mirror_counters {
 
 struct mirror_state {
   std::string replica;
+  std::uint32_t dp_rank = 0;
   wire::block_table table;
   mirror_counters counters;
   static inline const char* name = "mirror";
@@ -32,7 +33,6 @@ mirror_actor::behavior_type mirror(mirror_actor::stateful_pointer<mirror_state> 
                                    std::string replica, std::optional<wire::parity_config> parity);
 
 /// The update a mirror answers with, from a table delta.
-replica_update to_update(const std::string& replica, const wire::table_delta& delta,
-                         wire::parity_state parity);
+replica_update to_update(const mirror_state& st, const wire::table_delta& delta);
 
 } // namespace llmgw

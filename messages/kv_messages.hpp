@@ -45,8 +45,9 @@ typename Inspector::result_type inspect(Inspector& f, agent_hello& x) {
 
 /// The net change of one replica's KV blocks since the last update.
 struct replica_update {
-  std::string node;    ///< sending agent node (checked by control)
-  std::string replica; ///< replica id from the topology
+  std::string node;          ///< sending agent node (checked by control)
+  std::string replica;       ///< replica id from the topology
+  std::uint32_t dp_rank = 0; ///< data-parallel rank: each has its own KV cache
   std::uint64_t session = 0;
   std::uint64_t seq = 0;   ///< 1, 2, ... within the session
   std::uint64_t epoch = 0; ///< the mirror's epoch
@@ -58,8 +59,8 @@ struct replica_update {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, replica_update& x) {
-  return f(caf::meta::type_name("replica_update"), x.node, x.replica, x.session, x.seq, x.epoch,
-           x.reset, x.parity, x.added, x.removed);
+  return f(caf::meta::type_name("replica_update"), x.node, x.replica, x.dp_rank, x.session, x.seq,
+           x.epoch, x.reset, x.parity, x.added, x.removed);
 }
 
 /// The control node has applied every update of `session` up to `seq`.

@@ -36,6 +36,7 @@ llmgw::replica_update sample_update() {
   llmgw::replica_update u;
   u.node = "agent-a";
   u.replica = "llama-0";
+  u.dp_rank = 3;
   u.session = 0xfeedfacecafebeefu;
   u.seq = 42;
   u.epoch = 7;
@@ -69,6 +70,7 @@ TEST(messages, cross_a_real_connection_intact) {
         got_update = true;
         EXPECT_EQ(u.node, sent.node);
         EXPECT_EQ(u.replica, sent.replica);
+        EXPECT_EQ(u.dp_rank, 3u);
         EXPECT_EQ(u.session, sent.session);
         EXPECT_EQ(u.seq, sent.seq);
         EXPECT_EQ(u.epoch, sent.epoch);
