@@ -2,6 +2,7 @@
 // loopback by a publisher that connects like vLLM's and sends the captured
 // frames: the mirror must end in each capture's expected state, and reset
 // exactly when the stream says so.
+#include "actors/agent.hpp"
 #include "actors/control_connector.hpp"
 #include "actors/forwarder.hpp"
 #include "actors/mirror.hpp"
@@ -355,5 +356,59 @@ TEST(agent_path, the_control_nodes_copy_equals_the_engines_blocks) {
   caf::anon_send_exit(sub, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(fwd, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(m, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(control, caf::exit_reason::user_shutdown);
+}
+
+TEST(agent_node, launches_an_engine_and_forwards_its_blocks) {
+  net_config control_cfg;
+  caf::actor_system control_sys{control_cfg};
+  auto copy = std::make_shared<control_copy>();
+  auto control = control_sys.spawn(copying_control, copy);
+  auto port = control_sys.middleman().publish(control, 0, "127.0.0.1");
+  ASSERT_TRUE(port) << control_sys.render(port.error());
+
+  auto capture = llmgw::test::capture_path("S3_lora_salt.map.int.json");
+  auto c = load("S3_lora_salt.map.int.json");
+  agent_config cfg;
+  cfg.node = "agent-a";
+  cfg.seed = "0";
+  cfg.flush_interval = 50ms;
+  agent_engine_config engine;
+  engine.replica = "r0";
+  engine.command = {LLMGW_TEST_ENGINE, "--capture", capture, "--prefix-caching-hash-algo",
+                    "sha256"};
+  engine.kv_events = true;
+  engine.topic = c.topic;
+  cfg.engines.push_back(engine);
+  agent_engine_config attached; // already running elsewhere, no events
+  attached.replica = "r1";
+  cfg.engines.push_back(attached);
+  cfg.controls.push_back({"control-1", "127.0.0.1", *port});
+
+  net_config agent_cfg;
+  caf::actor_system agent_sys{agent_cfg};
+  auto handles = start_agent(agent_sys, cfg);
+  ASSERT_EQ(handles.events_endpoints.size(), 2u);
+  EXPECT_EQ(handles.events_endpoints[0].rfind("tcp://127.0.0.1:", 0), 0u);
+  EXPECT_TRUE(handles.events_endpoints[1].empty());
+  bool equal = false;
+  // Up to 30 s: should the stand-in engine miss its subscriber, it exits
+  // after 5 s and the supervisor starts it again, as it would a crashed vLLM.
+  for (int i = 0; i < 3000 && !equal; ++i) {
+    {
+      std::lock_guard<std::mutex> g(copy->mtx);
+      equal = copy->blocks == c.expected;
+    }
+    if (!equal)
+      std::this_thread::sleep_for(10ms);
+  }
+  {
+    std::lock_guard<std::mutex> g(copy->mtx);
+    EXPECT_TRUE(equal)
+      << "the engine got the seed and flags, published, and the copy caught up; copy has "
+      << copy->blocks.size() << " blocks after " << copy->updates << " updates, expected "
+      << c.expected.size();
+  }
+  stop_agent(handles);
   caf::anon_send_exit(control, caf::exit_reason::user_shutdown);
 }

@@ -1,0 +1,161 @@
+#include "actors/agent.hpp"
+
+#include "actors/control_connector.hpp"
+#include "actors/engine_supervisor.hpp"
+#include "actors/mirror.hpp"
+#include "actors/subscriber.hpp"
+#include "wire/log.hpp"
+
+#include <caf/actor_cast.hpp>
+#include <caf/actor_system.hpp>
+#include <caf/blocking_actor.hpp>
+#include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+namespace llmgw {
+
+namespace {
+
+/// Binds every rank's subscriber on consecutive ports (vLLM adds the rank to
+/// the port). With base 0, tries a few kernel-chosen bases.
+std::vector<bound_subscriber> bind_ranks(const agent_engine_config& e, std::string& error) {
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    std::vector<bound_subscriber> ranks;
+    std::uint16_t base = e.events_port;
+    for (std::uint32_t r = 0; r < e.dp_size; ++r) {
+      subscriber_options opts;
+      opts.replica = e.replica;
+      opts.topic = e.topic;
+      auto port = base == 0 && r == 0 ? 0 : base + r;
+      opts.bind = "tcp://127.0.0.1:" + std::to_string(port);
+      auto bound = bind_subscriber(opts);
+      if (!bound.socket) {
+        error = bound.error;
+        break;
+      }
+      if (r == 0 && base == 0)
+        base = static_cast<std::uint16_t>(
+          std::stoi(bound.endpoint.substr(bound.endpoint.rfind(':') + 1)));
+      ranks.push_back(std::move(bound));
+    }
+    if (ranks.size() == e.dp_size)
+      return ranks;
+    if (e.events_port != 0)
+      break; // a fixed port that does not bind will not bind on retry
+  }
+  return {};
+}
+
+/// A base port with `count` consecutive free ports on loopback, for the
+/// engine's replay ROUTER (which the engine binds itself); 0 if none found.
+std::uint16_t free_port_run(std::uint32_t count) {
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    std::vector<int> fds;
+    std::uint16_t base = 0;
+    bool ok = true;
+    for (std::uint32_t r = 0; r < count && ok; ++r) {
+      int fd = socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      addr.sin_port = htons(static_cast<std::uint16_t>(r == 0 ? 0 : base + r));
+      ok = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+      if (ok && r == 0) {
+        socklen_t len = sizeof addr;
+        getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+        base = ntohs(addr.sin_port);
+      }
+      if (fd >= 0)
+        fds.push_back(fd);
+    }
+    for (int fd : fds)
+      close(fd);
+    if (ok)
+      return base;
+  }
+  return 0;
+}
+
+} // namespace
+
+agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg) {
+  agent_handles out;
+  for (const auto& e : cfg.engines) {
+    const std::string who = "agent " + cfg.node + " engine " + e.replica;
+    std::vector<bound_subscriber> ranks;
+    if (e.kv_events) {
+      std::string error;
+      ranks = bind_ranks(e, error);
+      if (ranks.empty())
+        LLMGW_LOG(error, who, "starting without KV events, routed by prefix tree only: {}", error);
+    }
+    bool events = !ranks.empty();
+    std::uint16_t replay_base = 0;
+    if (events && !e.command.empty() && e.replay)
+      replay_base = free_port_run(e.dp_size);
+    std::vector<mirror_actor> mirrors;
+    for (std::uint32_t r = 0; r < e.dp_size; ++r) {
+      auto m = sys.spawn(
+        mirror_rank, e.replica, r,
+        std::optional<wire::parity_config>(wire::parity_config{cfg.seed, cfg.block_size}));
+      out.actors.push_back(caf::actor_cast<caf::actor>(m));
+      out.mirrors.push_back(mirror_entry{e.replica, m});
+      mirrors.push_back(m);
+    }
+    for (std::uint32_t r = 0; events && r < e.dp_size; ++r) {
+      subscriber_options opts;
+      opts.replica = e.replica;
+      opts.topic = e.topic;
+      if (replay_base != 0)
+        opts.replay = "tcp://127.0.0.1:" + std::to_string(replay_base + r);
+      else if (!e.replay_endpoint.empty() && r == 0)
+        opts.replay = e.replay_endpoint;
+      auto stats = std::make_shared<subscriber_stats>();
+      out.actors.push_back(
+        sys.spawn<caf::detached>(subscriber, ranks[r].socket, opts, mirrors[r], stats));
+    }
+    out.events_endpoints.push_back(events ? ranks[0].endpoint : std::string{});
+    if (!e.command.empty()) {
+      wire::engine_launch_options lo;
+      lo.command = e.command;
+      lo.seed = cfg.seed;
+      lo.kv_events = events;
+      lo.topic = e.topic;
+      if (events)
+        lo.events_endpoint = ranks[0].endpoint;
+      if (replay_base != 0)
+        lo.replay_endpoint = "tcp://127.0.0.1:" + std::to_string(replay_base);
+      engine_supervisor_options so;
+      so.replica = e.replica;
+      so.launch = wire::make_engine_launch(lo);
+      // The supervisor resets rank 0's mirror on exit; the other ranks' streams
+      // restart at seq 0 when the engine comes back, which resets them too.
+      out.actors.push_back(
+        caf::actor_cast<caf::actor>(sys.spawn(engine_supervisor, so, mirrors[0])));
+    }
+  }
+  for (const auto& c : cfg.controls) {
+    forwarder_options fo;
+    fo.node = cfg.node;
+    fo.control = c.name;
+    fo.flush_interval = cfg.flush_interval;
+    fo.window = cfg.window;
+    auto f = sys.spawn(forwarder, fo, out.mirrors,
+                       middleman_connector(c.host, c.port, std::chrono::seconds(5)));
+    out.actors.push_back(caf::actor_cast<caf::actor>(f));
+  }
+  return out;
+}
+
+void stop_agent(const agent_handles& handles) {
+  for (const auto& a : handles.actors)
+    caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+}
+
+} // namespace llmgw

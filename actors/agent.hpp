@@ -1,0 +1,60 @@
+// An agent node's actors, assembled: for every engine a mirror and (with
+// kv_events) a subscriber per data-parallel rank, an engine supervisor when
+// llmgw launches the engine, and one forwarder per control node. Engines
+// without a launch command are attached: already running, configured by the
+// operator to publish to the port given here. If a subscriber cannot bind,
+// the engine runs without events and is routed by tier 1 (logged, not fatal).
+#pragma once
+
+#include "actors/forwarder.hpp"
+
+#include <caf/fwd.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace llmgw {
+
+struct agent_engine_config {
+  std::string replica;
+  std::vector<std::string> command; ///< empty: an attached engine
+  bool kv_events = false;
+  std::string topic;
+  std::uint32_t dp_size = 1;     ///< ranks publish on events_port + rank
+  std::uint16_t events_port = 0; ///< 0: any free port (launched engines)
+  bool replay = true;            ///< launched engines: give them a replay endpoint
+  std::string replay_endpoint;   ///< attached engines: theirs, if any
+};
+
+struct agent_control_config {
+  std::string name;
+  std::string host;
+  std::uint16_t port = 0;
+};
+
+struct agent_config {
+  std::string node;
+  std::string seed;
+  std::size_t block_size = 16;
+  std::vector<agent_engine_config> engines;
+  std::vector<agent_control_config> controls;
+  std::chrono::milliseconds flush_interval{250};
+  std::uint64_t window = 64;
+};
+
+/// What start_agent made, and what happened per engine.
+struct agent_handles {
+  std::vector<caf::actor> actors; ///< everything spawned, stopped by stop_agent
+  std::vector<mirror_entry> mirrors;
+  std::vector<std::string> events_endpoints; ///< per engine: rank 0's endpoint, or "" (no events)
+};
+
+/// Spawns the node's actors in `sys`.
+agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg);
+
+/// Sends every actor of `handles` an exit message.
+void stop_agent(const agent_handles& handles);
+
+} // namespace llmgw
