@@ -50,8 +50,23 @@ pid_t spawn_engine(const wire::engine_launch& launch, std::string& error) {
   for (auto& a : argv_strings)
     argv.push_back(a.data());
   argv.push_back(nullptr);
+  // The engine starts with no signal blocked and default handlers, whatever
+  // the spawning thread had: it must hear SIGTERM when llmgw stops it.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none;
+  sigemptyset(&none);
+  sigset_t defaults;
+  sigemptyset(&defaults);
+  sigaddset(&defaults, SIGTERM);
+  sigaddset(&defaults, SIGINT);
+  sigaddset(&defaults, SIGPIPE);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &defaults);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
   pid_t pid = 0;
-  int rc = posix_spawnp(&pid, argv[0], nullptr, nullptr, argv.data(), envp.data());
+  int rc = posix_spawnp(&pid, argv[0], nullptr, &attr, argv.data(), envp.data());
+  posix_spawnattr_destroy(&attr);
   if (rc != 0) {
     error = std::strerror(rc);
     return 0;

@@ -18,6 +18,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -278,7 +279,8 @@ struct net_config : caf::actor_system_config {
 
 struct control_copy {
   std::mutex mtx;
-  std::set<wire::block_ref> blocks;
+  std::set<wire::block_ref> blocks;                         ///< rank 0
+  std::map<std::uint32_t, std::set<wire::block_ref>> ranks; ///< every rank
   std::uint64_t updates = 0;
 };
 
@@ -290,12 +292,14 @@ control_actor::behavior_type copying_control(control_actor::pointer self,
     [self, copy, fwd](const replica_update& u) {
       {
         std::lock_guard<std::mutex> g(copy->mtx);
+        auto& blocks = copy->ranks[u.dp_rank];
         if (u.reset)
-          copy->blocks.clear();
+          blocks.clear();
         for (const auto& r : u.removed)
-          copy->blocks.erase(r);
+          blocks.erase(r);
         for (const auto& r : u.added)
-          copy->blocks.insert(r);
+          blocks.insert(r);
+        copy->blocks = copy->ranks[0];
         ++copy->updates;
       }
       self->send(*fwd, session_ack{u.session, u.seq});
@@ -408,6 +412,56 @@ TEST(agent_node, launches_an_engine_and_forwards_its_blocks) {
       << "the engine got the seed and flags, published, and the copy caught up; copy has "
       << copy->blocks.size() << " blocks after " << copy->updates << " updates, expected "
       << c.expected.size();
+  }
+  stop_agent(handles);
+  caf::anon_send_exit(control, caf::exit_reason::user_shutdown);
+}
+
+TEST(agent_node, data_parallel_ranks_have_their_own_ports_and_mirrors) {
+  net_config control_cfg;
+  caf::actor_system control_sys{control_cfg};
+  auto copy = std::make_shared<control_copy>();
+  auto control = control_sys.spawn(copying_control, copy);
+  auto port = control_sys.middleman().publish(control, 0, "127.0.0.1");
+  ASSERT_TRUE(port) << control_sys.render(port.error());
+
+  auto rank0 = load("S1_basic.map.int.json");
+  auto rank1 = load("S6_dp.map.int.json"); // recorded from a rank-1 publisher
+  agent_config cfg;
+  cfg.node = "agent-a";
+  cfg.seed = "0";
+  cfg.flush_interval = 50ms;
+  agent_engine_config engine; // attached: the operator started it, 2 DP ranks
+  engine.replica = "r0";
+  engine.kv_events = true;
+  engine.dp_size = 2;
+  cfg.engines.push_back(engine);
+  cfg.controls.push_back({"control-1", "127.0.0.1", *port});
+  net_config agent_cfg;
+  caf::actor_system agent_sys{agent_cfg};
+  auto handles = start_agent(agent_sys, cfg);
+  ASSERT_EQ(handles.mirrors.size(), 2u) << "one mirror per rank";
+  const auto& ep = handles.events_endpoints.at(0);
+  ASSERT_FALSE(ep.empty());
+  auto base = std::stoi(ep.substr(ep.rfind(':') + 1));
+  {
+    // vLLM's rank r publishes on the configured port + r.
+    publisher p0(ep);
+    publisher p1("tcp://127.0.0.1:" + std::to_string(base + 1));
+    for (const auto& f : rank0.frames)
+      p0.send(f, f.seq);
+    for (const auto& f : rank1.frames)
+      p1.send(f, f.seq);
+    bool equal = false;
+    for (int i = 0; i < 1000 && !equal; ++i) {
+      {
+        std::lock_guard<std::mutex> g(copy->mtx);
+        equal = copy->ranks[0] == rank0.expected && copy->ranks[1] == rank1.expected;
+      }
+      if (!equal)
+        std::this_thread::sleep_for(10ms);
+    }
+    EXPECT_TRUE(equal) << "each rank's blocks arrive under its own rank";
   }
   stop_agent(handles);
   caf::anon_send_exit(control, caf::exit_reason::user_shutdown);
