@@ -29,6 +29,12 @@ int main(int argc, char** argv) {
     ->check(CLI::Range(3, 1000))
     ->capture_default_str();
   agent->callback([&] { exit_code = llmgw::bench::run_agent_bench(rounds); });
+  auto* actors =
+    app.add_subcommand("agent-actors", "events through the subscriber and mirror actors");
+  actors->add_option("--rounds", rounds, "timed rounds (median reported)")
+    ->check(CLI::Range(3, 1000))
+    ->capture_default_str();
+  actors->callback([&] { exit_code = llmgw::bench::run_agent_actors_bench(rounds); });
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }
