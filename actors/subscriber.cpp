@@ -2,6 +2,7 @@
 
 #include "wire/log.hpp"
 #include "wire/zmq_message.hpp"
+#include "wire/zmq_parts.hpp"
 
 #include <caf/after.hpp>
 #include <caf/blocking_actor.hpp>
@@ -36,23 +37,7 @@ bound_subscriber bind_subscriber(const subscriber_options& opts) {
   return out;
 }
 
-namespace {
-
-std::vector<std::string_view> views(const std::vector<zmq::message_t>& parts) {
-  std::vector<std::string_view> out;
-  out.reserve(parts.size());
-  for (const auto& p : parts)
-    out.emplace_back(static_cast<const char*>(p.data()), p.size());
-  return out;
-}
-
-bool receive(zmq::socket_t& socket, std::vector<zmq::message_t>& parts) {
-  parts.clear();
-  auto got = zmq::recv_multipart(socket, std::back_inserter(parts), zmq::recv_flags::dontwait);
-  return got.has_value();
-}
-
-} // namespace
+namespace {} // namespace
 
 void subscriber(caf::blocking_actor* self, const std::shared_ptr<subscriber_socket>& socket,
                 const subscriber_options& opts, mirror_actor mirror,
@@ -114,8 +99,8 @@ void subscriber(caf::blocking_actor* self, const std::shared_ptr<subscriber_sock
                                 {dealer ? dealer->handle() : nullptr, 0, ZMQ_POLLIN, 0}};
     zmq::poll(items, dealer ? 2 : 1, opts.poll_interval);
     auto now = std::chrono::steady_clock::now();
-    while (receive(socket->sub, parts)) {
-      auto msg = wire::split_live_message(views(parts));
+    while (wire::receive_now(socket->sub, parts)) {
+      auto msg = wire::split_live_message(wire::views_of(parts));
       if (!msg) {
         ++stats->bad_frames;
         LLMGW_LOG(warning, who, "{}", msg.err().message);
@@ -123,8 +108,8 @@ void subscriber(caf::blocking_actor* self, const std::shared_ptr<subscriber_sock
       }
       carry_out(stream.on_live(msg->seq, msg->payload, now));
     }
-    while (dealer && receive(*dealer, parts)) {
-      auto reply = wire::split_replay_reply(views(parts));
+    while (dealer && wire::receive_now(*dealer, parts)) {
+      auto reply = wire::split_replay_reply(wire::views_of(parts));
       if (!reply) {
         ++stats->bad_frames;
         LLMGW_LOG(warning, who, "replay: {}", reply.err().message);

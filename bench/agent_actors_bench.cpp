@@ -46,25 +46,12 @@ control_actor::behavior_type counting_control(control_actor::pointer self,
 } // namespace
 
 int run_agent_actors_bench(int rounds) {
-  std::ifstream in(std::string(LLMGW_SHARED_DIR) + "/vllm-captures/S2_churn.map.int.json");
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  auto doc = boost::json::parse(buf.str());
-  std::vector<std::string> payloads;
-  std::string topic;
-  std::size_t block_events = 0;
-  for (const auto& f : doc.at("frames").as_array()) {
-    auto hex = f.at("payload_hex").as_string();
-    std::string p(hex.size() / 2, '\0');
-    auto nib = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
-    for (std::size_t i = 0; i < p.size(); ++i)
-      p[i] = static_cast<char>(nib(hex[2 * i]) << 4 | nib(hex[2 * i + 1]));
-    auto batch = wire::decode_batch(p); // kept: a range-for over a temporary's member dangles
-    for (const auto& ev : batch->events)
-      block_events += ev.kind == wire::event_kind::all_blocks_cleared ? 1 : ev.block_hashes.size();
-    payloads.push_back(std::move(p));
-  }
-  topic = std::string(doc.at("topic").as_string());
+  capture_payloads cap;
+  if (!load_capture("S2_churn.map.int.json", cap))
+    return 1;
+  const auto& payloads = cap.payloads;
+  const auto& topic = cap.topic;
+  const auto block_events = cap.block_events;
 
   bench_config cfg;
   caf::actor_system sys{cfg};

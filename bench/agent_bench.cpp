@@ -19,41 +19,13 @@ namespace llmgw::bench {
 
 namespace {
 
-struct frames {
-  std::vector<std::string> payloads;
-  std::size_t bytes = 0;
-  std::size_t block_events = 0;
-};
-
-frames load(const std::string& name) {
-  frames out;
-  std::ifstream in(std::string(LLMGW_SHARED_DIR) + "/vllm-captures/" + name);
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  auto doc = boost::json::parse(buf.str());
-  for (const auto& f : doc.at("frames").as_array()) {
-    auto hex = f.at("payload_hex").as_string();
-    std::string p(hex.size() / 2, '\0');
-    auto nib = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
-    for (std::size_t i = 0; i < p.size(); ++i)
-      p[i] = static_cast<char>(nib(hex[2 * i]) << 4 | nib(hex[2 * i + 1]));
-    out.bytes += p.size();
-    auto batch = wire::decode_batch(p);
-    for (const auto& ev : batch->events)
-      out.block_events +=
-        ev.kind == wire::event_kind::all_blocks_cleared ? 1 : ev.block_hashes.size();
-    out.payloads.push_back(std::move(p));
-  }
-  return out;
-}
-
 struct run_result {
   std::size_t updates = 0;
   std::size_t bytes_sent = 0;
 };
 
 /// One pass over the capture, draining every `drain_every` batches.
-run_result one_pass(const frames& f, std::size_t drain_every, bool parity) {
+run_result one_pass(const capture_payloads& f, std::size_t drain_every, bool parity) {
   wire::event_stream stream({});
   wire::block_table table(parity ? std::optional<wire::parity_config>(wire::parity_config{"0", 16})
                                  : std::nullopt);
@@ -98,7 +70,9 @@ run_result one_pass(const frames& f, std::size_t drain_every, bool parity) {
 int run_agent_bench(int rounds) {
   fmt::print("# llmgw-bench agent --rounds {} (medians)\n", rounds);
   for (const char* name : {"S2_churn.map.int.json", "S2_churn.array.int.json"}) {
-    auto f = load(name);
+    capture_payloads f;
+    if (!load_capture(name, f))
+      return 1;
     // S2 is 2,000 batches from 2,620 engine steps; at ~10 ms a step, a 250 ms
     // flush covers about 25 batches.
     for (bool parity : {false, true}) {

@@ -30,6 +30,18 @@ inline double median(std::vector<double> xs) {
 void report(const std::string& name, double value, const std::string& unit,
             const std::string& note = "");
 
+/// A capture's payloads, with what they hold.
+struct capture_payloads {
+  std::vector<std::string> payloads; ///< index = seq
+  std::string topic;
+  std::size_t bytes = 0;        ///< payload bytes in all
+  std::size_t block_events = 0; ///< hashes stored or removed, plus clears
+  std::size_t events = 0;
+};
+
+/// Reads shared/vllm-captures/NAME; false (with a message) if it cannot.
+bool load_capture(const std::string& name, capture_payloads& out);
+
 /// `llmgw-bench wire`: decoding and hashing throughput.
 int run_wire_bench(int rounds);
 

@@ -10,6 +10,7 @@
 #include "wire/event_json.hpp"
 #include "wire/kv_events.hpp"
 #include "wire/zmq_message.hpp"
+#include "wire/zmq_parts.hpp"
 
 #include <CLI/CLI.hpp>
 #include <boost/json.hpp>
@@ -65,27 +66,6 @@ void print_batch(std::uint64_t seq, std::string_view payload, bool replayed) {
   }
 }
 
-std::vector<std::string_view> views(const std::vector<zmq::message_t>& parts) {
-  std::vector<std::string_view> out;
-  out.reserve(parts.size());
-  for (const auto& p : parts)
-    out.emplace_back(static_cast<const char*>(p.data()), p.size());
-  return out;
-}
-
-bool receive(zmq::socket_t& socket, std::vector<zmq::message_t>& parts) {
-  parts.clear();
-  while (true) {
-    zmq::message_t part;
-    if (!socket.recv(part, zmq::recv_flags::dontwait))
-      return false;
-    bool more = part.more();
-    parts.push_back(std::move(part));
-    if (!more)
-      return true;
-  }
-}
-
 /// Asks the replay endpoint for [from, until) and prints what it returns; the
 /// first seq not recovered (== until when all were).
 std::uint64_t fill_by_replay(zmq::context_t& ctx, const events_options& opts, std::uint64_t from,
@@ -104,9 +84,9 @@ std::uint64_t fill_by_replay(zmq::context_t& ctx, const events_options& opts, st
     zmq::pollitem_t item{dealer.handle(), 0, ZMQ_POLLIN, 0};
     if (zmq::poll(&item, 1, std::chrono::milliseconds(opts.replay_timeout_ms)) == 0)
       break; // replay endpoint silent: give up on the rest
-    if (!receive(dealer, parts))
+    if (!wire::receive_now(dealer, parts))
       continue;
-    auto reply = wire::split_replay_reply(views(parts));
+    auto reply = wire::split_replay_reply(wire::views_of(parts));
     if (!reply) {
       fmt::print(stderr, "llmgw events: replay: {}\n", reply.err().message);
       break;
@@ -165,8 +145,8 @@ int run_events(events_options opts) {
         continue;
       throw;
     }
-    while (receive(sub, parts)) {
-      auto msg = wire::split_live_message(views(parts));
+    while (wire::receive_now(sub, parts)) {
+      auto msg = wire::split_live_message(wire::views_of(parts));
       if (!msg) {
         fmt::print(stderr, "llmgw events: {}\n", msg.err().message);
         continue;
