@@ -28,6 +28,8 @@ using status_atom = caf::atom_constant<caf::atom("status")>;
 using mirror_actor = caf::typed_actor<
   // Apply a decoded batch from the engine's subscriber.
   caf::reacts_to<apply_atom, batch_ptr>,
+  // Apply several batches, in order (what the subscriber sends per poll).
+  caf::reacts_to<apply_atom, batch_list>,
   // Reset: the stream had a gap or restart, or the engine exited; the reason
   // is a wire::reset_reason as an integer.
   caf::reacts_to<reset_atom, std::uint8_t>,

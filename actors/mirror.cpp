@@ -7,6 +7,24 @@
 
 namespace llmgw {
 
+namespace {
+
+void apply_batch(mirror_state& st, const wire::event_batch& batch) {
+  auto before = st.table.parity();
+  auto counts = st.table.apply(batch);
+  ++st.counters.batches;
+  st.counters.stored += counts.stored;
+  st.counters.removed += counts.removed;
+  st.counters.ignored_removes += counts.ignored_removes;
+  st.counters.verified_blocks += counts.verified;
+  st.counters.resets[static_cast<int>(wire::reset_reason::clear)] += counts.clears;
+  if (before != wire::parity_state::mismatch && st.table.parity() == wire::parity_state::mismatch)
+    LLMGW_LOG(warning, "mirror " + st.replica, "hash mismatch, blocks not trusted: {}",
+              st.table.parity_message());
+}
+
+} // namespace
+
 replica_update to_update(const mirror_state& st, const wire::table_delta& delta) {
   auto parity = st.table.parity();
   replica_update u;
@@ -32,20 +50,10 @@ mirror_actor::behavior_type mirror_rank(mirror_actor::stateful_pointer<mirror_st
   self->state.dp_rank = dp_rank;
   self->state.table = wire::block_table(std::move(parity));
   return {
-    [self](apply_atom, const batch_ptr& batch) {
-      auto& st = self->state;
-      auto before = st.table.parity();
-      auto counts = st.table.apply(*batch);
-      ++st.counters.batches;
-      st.counters.stored += counts.stored;
-      st.counters.removed += counts.removed;
-      st.counters.ignored_removes += counts.ignored_removes;
-      st.counters.verified_blocks += counts.verified;
-      st.counters.resets[static_cast<int>(wire::reset_reason::clear)] += counts.clears;
-      if (before != wire::parity_state::mismatch
-          && st.table.parity() == wire::parity_state::mismatch)
-        LLMGW_LOG(warning, "mirror " + st.replica, "hash mismatch, blocks not trusted: {}",
-                  st.table.parity_message());
+    [self](apply_atom, const batch_ptr& batch) { apply_batch(self->state, *batch); },
+    [self](apply_atom, const batch_list& batches) {
+      for (const auto& b : *batches)
+        apply_batch(self->state, b);
     },
     [self](reset_atom, std::uint8_t reason) {
       if (reason >= 5)

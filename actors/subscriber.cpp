@@ -37,8 +37,6 @@ bound_subscriber bind_subscriber(const subscriber_options& opts) {
   return out;
 }
 
-namespace {} // namespace
-
 void subscriber(caf::blocking_actor* self, const std::shared_ptr<subscriber_socket>& socket,
                 const subscriber_options& opts, mirror_actor mirror,
                 std::shared_ptr<subscriber_stats> stats) {
@@ -54,14 +52,34 @@ void subscriber(caf::blocking_actor* self, const std::shared_ptr<subscriber_sock
     dealer->connect(opts.replay);
   }
   auto last_error_log = std::chrono::steady_clock::time_point{};
+  // Batches decoded in one poll go to the mirror in one message: a message
+  // per batch cost more than applying it. Flushed before any reset (order
+  // matters), at 256 batches, and at the end of every poll.
+  auto pending = std::make_shared<std::vector<wire::event_batch>>();
+  auto flush_pending = [&] {
+    if (pending->empty())
+      return;
+    self->send(mirror, apply_atom::value, batch_list{std::move(pending)});
+    pending = std::make_shared<std::vector<wire::event_batch>>();
+  };
+  auto publish_stats = [&] {
+    const auto& c = stream.counts();
+    stats->messages = c.messages;
+    stats->decode_errors = c.decode_errors;
+    stats->gaps = c.gaps;
+    stats->gaps_filled = c.gaps_filled;
+    stats->restarts = c.restarts;
+  };
   auto carry_out = [&](std::vector<wire::stream_action> actions) {
     for (auto& a : actions) {
       switch (a.what) {
       case wire::stream_action::kind::apply:
-        self->send(mirror, apply_atom::value,
-                   std::make_shared<const wire::event_batch>(std::move(a.batch)));
+        pending->push_back(std::move(a.batch));
+        if (pending->size() >= 256)
+          flush_pending();
         break;
       case wire::stream_action::kind::reset:
+        flush_pending();
         if (a.decode_failure) {
           auto now = std::chrono::steady_clock::now();
           if (now - last_error_log > std::chrono::seconds(1)) { // once per burst
@@ -84,12 +102,6 @@ void subscriber(caf::blocking_actor* self, const std::shared_ptr<subscriber_sock
       }
       }
     }
-    const auto& c = stream.counts();
-    stats->messages = c.messages;
-    stats->decode_errors = c.decode_errors;
-    stats->gaps = c.gaps;
-    stats->gaps_filled = c.gaps_filled;
-    stats->restarts = c.restarts;
   };
 
   bool running = true;
@@ -106,6 +118,8 @@ void subscriber(caf::blocking_actor* self, const std::shared_ptr<subscriber_sock
         LLMGW_LOG(warning, who, "{}", msg.err().message);
         continue;
       }
+      if (stream.counts().messages == 0)
+        LLMGW_LOG(info, who, "first event batch: seq {}", msg->seq);
       carry_out(stream.on_live(msg->seq, msg->payload, now));
     }
     while (dealer && wire::receive_now(*dealer, parts)) {
@@ -118,6 +132,8 @@ void subscriber(caf::blocking_actor* self, const std::shared_ptr<subscriber_sock
       carry_out(stream.on_replay(*reply, now));
     }
     carry_out(stream.on_tick(now));
+    flush_pending();
+    publish_stats(); // after the flush: a reader of the stats may query the mirror next
     // Between polls: the mailbox, without waiting. An exit message ends the
     // loop; nothing else is sent to a subscriber.
     self->receive(

@@ -279,8 +279,9 @@ struct net_config : caf::actor_system_config {
 
 struct control_copy {
   std::mutex mtx;
-  std::set<wire::block_ref> blocks;                         ///< rank 0
-  std::map<std::uint32_t, std::set<wire::block_ref>> ranks; ///< every rank
+  /// Per (replica, rank): an update only ever speaks for its own replica.
+  std::map<std::pair<std::string, std::uint32_t>, std::set<wire::block_ref>> replicas;
+  std::set<wire::block_ref> blocks; ///< replica "r0", rank 0
   std::uint64_t updates = 0;
 };
 
@@ -292,14 +293,14 @@ control_actor::behavior_type copying_control(control_actor::pointer self,
     [self, copy, fwd](const replica_update& u) {
       {
         std::lock_guard<std::mutex> g(copy->mtx);
-        auto& blocks = copy->ranks[u.dp_rank];
+        auto& blocks = copy->replicas[{u.replica, u.dp_rank}];
         if (u.reset)
           blocks.clear();
         for (const auto& r : u.removed)
           blocks.erase(r);
         for (const auto& r : u.added)
           blocks.insert(r);
-        copy->blocks = copy->ranks[0];
+        copy->blocks = copy->replicas[{"r0", 0}];
         ++copy->updates;
       }
       self->send(*fwd, session_ack{u.session, u.seq});
@@ -396,8 +397,7 @@ TEST(agent_node, launches_an_engine_and_forwards_its_blocks) {
   EXPECT_EQ(handles.events_endpoints[0].rfind("tcp://127.0.0.1:", 0), 0u);
   EXPECT_TRUE(handles.events_endpoints[1].empty());
   bool equal = false;
-  // Up to 30 s: should the stand-in engine miss its subscriber, it exits
-  // after 5 s and the supervisor starts it again, as it would a crashed vLLM.
+  // Bounded generously for slow sanitizer builds.
   for (int i = 0; i < 3000 && !equal; ++i) {
     {
       std::lock_guard<std::mutex> g(copy->mtx);
@@ -456,7 +456,8 @@ TEST(agent_node, data_parallel_ranks_have_their_own_ports_and_mirrors) {
     for (int i = 0; i < 1000 && !equal; ++i) {
       {
         std::lock_guard<std::mutex> g(copy->mtx);
-        equal = copy->ranks[0] == rank0.expected && copy->ranks[1] == rank1.expected;
+        equal = copy->replicas[{"r0", 0}] == rank0.expected
+                && copy->replicas[{"r0", 1}] == rank1.expected;
       }
       if (!equal)
         std::this_thread::sleep_for(10ms);

@@ -68,7 +68,7 @@ int main(int argc, char** argv) {
     zmq::socket_t pub(ctx, zmq::socket_type::xpub);
     pub.set(zmq::sockopt::linger, 2000);
     pub.set(zmq::sockopt::sndhwm, 0);
-    pub.set(zmq::sockopt::rcvtimeo, 5000); // then exit: the supervisor starts us again
+    pub.set(zmq::sockopt::rcvtimeo, 10000); // then exit 6: the supervisor starts us again
     pub.connect(endpoint);
     zmq::message_t subscription;
     if (!pub.recv(subscription)) {
