@@ -8,6 +8,7 @@
 #include "actors/mirror.hpp"
 #include "actors/subscriber.hpp"
 #include "messages/registration.hpp"
+#include "tests/integration/replay_service.hpp"
 #include "tests/unit/support.hpp"
 #include "wire/zmq_message.hpp"
 
@@ -210,48 +211,9 @@ TEST(agent_stream, seq_back_to_zero_is_a_restart) {
 
 TEST(agent_stream, replay_fills_a_gap_without_reset) {
   auto c = load("S3_lora_salt.array.bytes.json");
-  zmq::context_t ctx;
-  zmq::socket_t router(ctx, zmq::socket_type::router);
-  router.set(zmq::sockopt::linger, 0);
-  router.bind("tcp://127.0.0.1:*");
-  auto replay_endpoint = router.get(zmq::sockopt::last_endpoint);
-  std::atomic<bool> done{false};
-  std::thread service([&] {
-    while (!done.load()) {
-      zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
-      if (zmq::poll(&item, 1, 20ms) == 0)
-        continue;
-      std::vector<zmq::message_t> req;
-      (void)zmq::recv_multipart(router, std::back_inserter(req));
-      if (req.size() != 3)
-        continue;
-      auto start = wire::decode_seq(req[2].to_string_view());
-      for (const auto& f : c.frames) {
-        if (!start || f.seq < *start)
-          continue;
-        auto s = wire::encode_seq(f.seq);
-        std::array<zmq::const_buffer, 5> parts = {zmq::buffer(req[0].data(), req[0].size()),
-                                                  zmq::buffer("", 0), zmq::buffer(f.topic),
-                                                  zmq::buffer(s), zmq::buffer(f.payload)};
-        zmq::send_multipart(router, parts);
-      }
-      auto end = wire::encode_seq(~std::uint64_t{0});
-      std::array<zmq::const_buffer, 5> marker = {zmq::buffer(req[0].data(), req[0].size()),
-                                                 zmq::buffer("", 0), zmq::buffer("", 0),
-                                                 zmq::buffer(end), zmq::buffer("", 0)};
-      zmq::send_multipart(router, marker);
-    }
-  });
-  struct stop_service {
-    std::atomic<bool>& done;
-    std::thread& t;
-    ~stop_service() {
-      done = true;
-      t.join();
-    }
-  } stopper{done, service};
+  llmgw::test::replay_service<frame> replay(c.frames);
 
-  agent_path path(c.topic, replay_endpoint);
+  agent_path path(c.topic, replay.endpoint());
   publisher pub(path.endpoint);
   for (const auto& f : c.frames)
     if (f.seq != 2 && f.seq != 3)

@@ -1,6 +1,7 @@
 // `llmgw hash` and `llmgw events` as an operator runs them: real processes,
 // fed with what vLLM's own publisher produced (shared/vllm-captures/).
 #include "tests/integration/child_process.hpp"
+#include "tests/integration/replay_service.hpp"
 #include "tests/unit/support.hpp"
 #include "wire/kv_events.hpp"
 #include "wire/zmq_message.hpp"
@@ -194,53 +195,10 @@ TEST(llmgw_events, prints_events_gaps_and_restarts) {
 
 TEST(llmgw_events, fills_a_gap_from_the_replay_endpoint) {
   auto frames = load_frames("S1_basic.array.bytes.json");
-  zmq::context_t ctx;
-  zmq::socket_t router(ctx, zmq::socket_type::router);
-  router.set(zmq::sockopt::linger, 0);
-  router.bind("tcp://127.0.0.1:*");
-  auto replay_endpoint = router.get(zmq::sockopt::last_endpoint);
-  std::atomic<bool> done{false};
-  std::atomic<int> requests{0};
-  std::thread replay([&] {
-    // vLLM's replay service, in its current layout.
-    while (!done.load()) {
-      zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
-      if (zmq::poll(&item, 1, 50ms) == 0)
-        continue;
-      std::vector<zmq::message_t> req;
-      (void)zmq::recv_multipart(router, std::back_inserter(req));
-      if (req.size() != 3)
-        continue;
-      ++requests;
-      auto start = llmgw::wire::decode_seq(req[2].to_string_view());
-      for (const auto& f : frames) {
-        if (!start || f.seq < *start)
-          continue;
-        auto seq = llmgw::wire::encode_seq(f.seq);
-        std::array<zmq::const_buffer, 5> parts = {zmq::buffer(req[0].data(), req[0].size()),
-                                                  zmq::buffer("", 0), zmq::buffer(f.topic),
-                                                  zmq::buffer(seq), zmq::buffer(f.payload)};
-        zmq::send_multipart(router, parts);
-      }
-      auto end = llmgw::wire::encode_seq(~std::uint64_t{0});
-      std::array<zmq::const_buffer, 5> marker = {zmq::buffer(req[0].data(), req[0].size()),
-                                                 zmq::buffer("", 0), zmq::buffer("", 0),
-                                                 zmq::buffer(end), zmq::buffer("", 0)};
-      zmq::send_multipart(router, marker);
-    }
-  });
-
-  struct join_on_exit { // a failed ASSERT must not leave the thread running
-    std::atomic<bool>& done;
-    std::thread& thread;
-    ~join_on_exit() {
-      done = true;
-      thread.join();
-    }
-  } joiner{done, replay};
+  llmgw::test::replay_service<capture_frame> replay(frames);
 
   child_process proc(
-    {LLMGW_BINARY, "events", "--bind", "tcp://127.0.0.1:0", "--replay", replay_endpoint});
+    {LLMGW_BINARY, "events", "--bind", "tcp://127.0.0.1:0", "--replay", replay.endpoint()});
   auto endpoint = listening_endpoint(proc);
   ASSERT_FALSE(endpoint.empty());
   std::size_t expected_lines = 0;
@@ -265,7 +223,7 @@ TEST(llmgw_events, fills_a_gap_from_the_replay_endpoint) {
     }
     EXPECT_EQ(order, (std::vector<std::uint64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9})) << "in seq order";
     EXPECT_EQ(replayed, events_in(frames[3]) + events_in(frames[4]));
-    EXPECT_EQ(requests.load(), 1);
+    EXPECT_EQ(replay.requests(), 1);
   }
   proc.signal(SIGINT);
   EXPECT_EQ(proc.wait(5s), 0);
