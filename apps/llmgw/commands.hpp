@@ -2,6 +2,12 @@
 // and runs when selected; main() only dispatches.
 #pragma once
 
+#include <string>
+
+namespace llmgw::wire {
+struct topology;
+} // namespace llmgw::wire
+
 namespace CLI {
 class App;
 } // namespace CLI
@@ -11,7 +17,17 @@ namespace llmgw::apps {
 /// `llmgw hash`: block keys of a token list, for checking parity with an engine.
 void add_hash_command(CLI::App& app, int& exit_code);
 
+/// `llmgw check`: validates a topology, listing every problem.
+void add_check_command(CLI::App& app, int& exit_code);
+
+/// `llmgw certs`: a private CA and node certificates.
+void add_certs_command(CLI::App& app, int& exit_code);
+
 /// `llmgw events`: prints an engine's KV event stream as JSON lines.
 void add_events_command(CLI::App& app, int& exit_code);
+
+/// Loads a topology; on problems prints them all (prefixed "llmgw COMMAND")
+/// and returns false.
+bool load_or_report(const std::string& path, wire::topology& out, const char* command);
 
 } // namespace llmgw::apps

@@ -13,6 +13,8 @@ int main(int argc, char** argv) {
     int exit_code = 0;
     llmgw::apps::add_hash_command(app, exit_code);
     llmgw::apps::add_events_command(app, exit_code);
+    llmgw::apps::add_check_command(app, exit_code);
+    llmgw::apps::add_certs_command(app, exit_code);
     CLI11_PARSE(app, argc, argv);
     return exit_code;
   } catch (const std::exception& e) {

@@ -1,0 +1,331 @@
+// The topology file: what a valid one gives, and one test per kind of bad
+// configuration, each checking the message and the line it points at.
+#include "wire/pki.hpp"
+#include "wire/topology.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <regex>
+
+using namespace llmgw::wire;
+
+namespace {
+
+/// A folder with a CA, three node certificates, and a second CA's node.
+struct pki_dir {
+  std::string dir;
+  pki_dir() {
+    char tmpl[] = "/tmp/llmgw-topology-XXXXXX";
+    dir = ::mkdtemp(tmpl);
+    EXPECT_EQ(ensure_ca(dir), "");
+    for (const char* n : {"control-1", "agent-a", "agent-b"})
+      EXPECT_EQ(issue_node_certificate(dir, n, {"127.0.0.1"}), "");
+    EXPECT_EQ(ensure_ca(dir + "/other"), "");
+    EXPECT_EQ(issue_node_certificate(dir + "/other", "stranger", {}), "");
+  }
+  ~pki_dir() { std::system(("rm -rf " + dir).c_str()); }
+};
+
+const pki_dir& pki() {
+  static pki_dir instance;
+  return instance;
+}
+
+/// A valid topology; tests replace parts of it. Line numbers matter: the
+/// tests below name them.
+std::string valid_text() {
+  return R"([cluster]
+name = "test"
+hash_seed = "0"
+block_size = 16
+
+[tls]
+ca = "ca.pem"
+
+[[node]]
+name = "control-1"
+host = "127.0.0.1"
+port = 7100
+roles = ["control"]
+http = "127.0.0.1:8080"
+cert = "control-1.pem"
+key = "control-1.key"
+
+[[node]]
+name = "agent-a"
+host = "127.0.0.1"
+roles = ["agent"]
+cert = "agent-a.pem"
+key = "agent-a.key"
+
+[[node.engine]]
+replica = "a0"
+model = "llama"
+url = "http://127.0.0.1:8001"
+kv_events = true
+events_port = 5557
+)";
+}
+
+std::string replace(std::string text, const std::string& from, const std::string& to) {
+  auto at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << "the test's base text lacks: " << from;
+  if (at != std::string::npos)
+    text.replace(at, from.size(), to);
+  return text;
+}
+
+topology_result parse(const std::string& text) {
+  return parse_topology(text, pki().dir + "/cluster.toml");
+}
+
+/// The problems as "LINE: message" strings.
+std::vector<std::string> problems_of(const std::string& text) {
+  auto r = parse(text);
+  EXPECT_FALSE(r.value) << "expected the topology to be refused";
+  std::vector<std::string> out;
+  for (const auto& p : r.problems)
+    out.push_back(std::to_string(p.line) + ": " + p.message);
+  return out;
+}
+
+/// True when some problem is on `line` (0: any) and contains `text`.
+::testing::AssertionResult has_problem(const std::vector<std::string>& problems, int line,
+                                       const std::string& text) {
+  for (const auto& p : problems) {
+    auto colon = p.find(':');
+    int l = std::stoi(p.substr(0, colon));
+    if ((line == 0 || l == line) && p.find(text) != std::string::npos)
+      return ::testing::AssertionSuccess();
+  }
+  std::string all;
+  for (const auto& p : problems)
+    all += "\n  " + p;
+  return ::testing::AssertionFailure()
+         << "no problem on line " << line << " containing '" << text << "'; got:" << all;
+}
+
+} // namespace
+
+TEST(topology, a_valid_file_gives_every_value) {
+  auto text = valid_text() + R"(lora = ["sql", "chat"]
+dp_size = 2
+topic = "kv"
+
+[[node.engine]]
+replica = "a1"
+model = "llama"
+url = "http://127.0.0.1:8002"
+launch = ["vllm", "serve", "llama"]
+
+[router]
+cpu_weight = 0.25
+tie_margin = 0.1
+tier1_ttl_s = 60
+)";
+  auto r = parse(text);
+  ASSERT_TRUE(r.value) << (r.problems.empty() ? "" : r.problems[0].to_string());
+  const auto& t = *r.value;
+  EXPECT_EQ(t.name, "test");
+  EXPECT_EQ(t.seed, "0");
+  EXPECT_EQ(t.block_size, 16u);
+  EXPECT_EQ(t.flush_interval.count(), 250);
+  EXPECT_EQ(t.ca, pki().dir + "/ca.pem") << "relative to the file's folder";
+  EXPECT_FALSE(t.plaintext);
+  ASSERT_EQ(t.nodes.size(), 2u);
+  EXPECT_TRUE(t.nodes[0].roles.control);
+  EXPECT_FALSE(t.nodes[0].roles.agent);
+  EXPECT_EQ(t.nodes[0].http_host, "127.0.0.1");
+  EXPECT_EQ(t.nodes[0].http_port, 8080);
+  EXPECT_EQ(t.nodes[0].port, 7100);
+  EXPECT_EQ(t.nodes[1].key, pki().dir + "/agent-a.key");
+  ASSERT_EQ(t.nodes[1].engines.size(), 2u);
+  const auto& e = t.nodes[1].engines[0];
+  EXPECT_EQ(e.replica, "a0");
+  EXPECT_EQ(e.lora, (std::vector<std::string>{"sql", "chat"}));
+  EXPECT_EQ(e.dp_size, 2u);
+  EXPECT_EQ(e.topic, "kv");
+  EXPECT_EQ(e.events_port, 5557);
+  EXPECT_TRUE(e.kv_events);
+  EXPECT_TRUE(e.launch.empty());
+  EXPECT_EQ(t.nodes[1].engines[1].launch.size(), 3u);
+  EXPECT_FALSE(t.nodes[1].engines[1].kv_events);
+  EXPECT_DOUBLE_EQ(t.router.cpu_weight, 0.25);
+  EXPECT_DOUBLE_EQ(t.router.tie_margin, 0.1);
+  EXPECT_EQ(t.router.tier1_ttl.count(), 60);
+  EXPECT_EQ(t.owner_of("a1"), &t.nodes[1]);
+  EXPECT_EQ(t.owner_of("zz"), nullptr);
+  EXPECT_EQ(t.controls().size(), 1u);
+}
+
+TEST(topology, every_problem_is_listed_at_once) {
+  auto text = replace(valid_text(), "block_size = 16", "block_size = \"16\"\ncolour = 3");
+  text = replace(text, "roles = [\"agent\"]", "roles = [\"agent\", \"gpu\"]");
+  auto p = problems_of(text);
+  EXPECT_TRUE(has_problem(p, 4, "cluster.block_size must be an integer, not a string"));
+  EXPECT_TRUE(has_problem(p, 5, "unknown key 'colour' in [cluster]"));
+  EXPECT_TRUE(has_problem(p, 22, "unknown role 'gpu'"));
+  EXPECT_EQ(p.size(), 3u);
+}
+
+TEST(topology, not_toml_names_the_line) {
+  auto r = parse(replace(valid_text(), "port = 7100", "port = = 7100"));
+  ASSERT_EQ(r.problems.size(), 1u);
+  EXPECT_NE(r.problems[0].message.find("not valid TOML"), std::string::npos);
+  EXPECT_NE(r.problems[0].message.find("12 | port = = 7100"), std::string::npos)
+    << r.problems[0].message;
+}
+
+TEST(topology, unknown_keys_everywhere) {
+  auto text = replace(valid_text(), "events_port = 5557", "events_port = 5557\nmodel_path = \"x\"");
+  text = replace(text, "http = \"127.0.0.1:8080\"", "http = \"127.0.0.1:8080\"\nweight = 2");
+  text += "\n[metrics]\nport = 1\n";
+  auto p = problems_of(text);
+  EXPECT_TRUE(has_problem(p, 15, "unknown key 'weight' in node[0]"));
+  EXPECT_TRUE(has_problem(p, 32, "unknown key 'model_path' in node 'agent-a' engine[0]"));
+  EXPECT_TRUE(has_problem(p, 0, "unknown key 'metrics' in the top level"));
+}
+
+TEST(topology, wrong_types) {
+  auto text = replace(valid_text(), "port = 7100", "port = \"7100\"");
+  text = replace(text, "kv_events = true", "kv_events = \"yes\"");
+  text = replace(text, "roles = [\"control\"]", "roles = \"control\"");
+  auto p = problems_of(text);
+  EXPECT_TRUE(has_problem(p, 12, "port must be an integer, not a string"));
+  EXPECT_TRUE(has_problem(p, 13, "roles must be an array of strings, not a string"));
+  EXPECT_TRUE(has_problem(p, 29, "kv_events must be true or false"));
+}
+
+TEST(topology, missing_values) {
+  auto text = replace(valid_text(), "model = \"llama\"\n", "");
+  text = replace(text, "name = \"test\"\n", "");
+  auto p = problems_of(text);
+  EXPECT_TRUE(has_problem(p, 0, "[cluster] needs 'name'"));
+  EXPECT_TRUE(has_problem(p, 0, "needs 'model'"));
+  EXPECT_TRUE(has_problem(problems_of("[tls]\nplaintext = true\n"), 0, "missing [cluster]"));
+}
+
+TEST(topology, seeds_vllm_cannot_reproduce_are_refused) {
+  EXPECT_TRUE(has_problem(problems_of(replace(valid_text(), "\"0\"", "\"random\"")), 3,
+                          "must be a decimal integer"));
+  EXPECT_TRUE(has_problem(problems_of(replace(valid_text(), "\"0\"", "\"4294967296\"")), 3,
+                          "must be a decimal integer"));
+  EXPECT_TRUE(has_problem(problems_of(replace(valid_text(), "\"0\"", "0")), 3,
+                          "must be a string (PYTHONHASHSEED is text): write \"0\""));
+}
+
+TEST(topology, numbers_out_of_range) {
+  auto text = replace(valid_text(), "port = 7100", "port = 70000");
+  text = replace(text, "block_size = 16", "block_size = 0");
+  auto p = problems_of(text);
+  EXPECT_TRUE(has_problem(p, 12, "port = 70000 is out of range [0, 65535]"));
+  EXPECT_TRUE(has_problem(p, 4, "block_size = 0 is out of range"));
+  EXPECT_TRUE(has_problem(
+    problems_of(replace(valid_text(), "block_size = 16", "block_size = 16\nheartbeat_ms = 3000")),
+    1, "connection_timeout_ms (5000) must exceed twice heartbeat_ms"));
+}
+
+TEST(topology, duplicate_names_and_addresses) {
+  auto text = valid_text() + R"(
+[[node]]
+name = "agent-a"
+host = "127.0.0.1"
+port = 7100
+roles = ["control"]
+http = "127.0.0.1:8080"
+cert = "agent-b.pem"
+key = "agent-b.key"
+
+[[node.engine]]
+replica = "a0"
+model = "llama"
+url = "http://127.0.0.1:8003"
+)";
+  auto p = problems_of(text);
+  EXPECT_TRUE(has_problem(p, 0, "node name 'agent-a' is used twice"));
+  EXPECT_TRUE(has_problem(p, 0, "127.0.0.1:7100 is already node 'control-1''s address"));
+  EXPECT_TRUE(has_problem(p, 0, "http 127.0.0.1:8080 is already used by node 'control-1'"));
+  EXPECT_TRUE(has_problem(p, 0, "has engines but not the agent role"));
+  EXPECT_TRUE(has_problem(p, 41, "replica 'a0' is defined twice"));
+}
+
+TEST(topology, tls_files_are_checked_before_anything_starts) {
+  auto p = problems_of(replace(valid_text(), "key = \"control-1.key\"", "key = \"agent-a.key\""));
+  EXPECT_TRUE(has_problem(p, 15, "does not belong to certificate"));
+  p = problems_of(replace(valid_text(), "cert = \"agent-a.pem\"\nkey = \"agent-a.key\"",
+                          "cert = \"other/stranger.pem\"\nkey = \"other/stranger.key\""));
+  EXPECT_TRUE(has_problem(p, 22, "is not valid under CA"));
+  p = problems_of(replace(valid_text(), "ca = \"ca.pem\"", "ca = \"missing.pem\""));
+  EXPECT_TRUE(has_problem(p, 7, "cannot read CA file"));
+  p = problems_of(replace(valid_text(), "cert = \"control-1.pem\"", "cert = \"nope.pem\""));
+  EXPECT_TRUE(has_problem(p, 15, "cannot read certificate"));
+  p = problems_of(replace(valid_text(), "cert = \"control-1.pem\"", "cert = \"control-1.key\""));
+  EXPECT_TRUE(has_problem(p, 15, "is not a PEM certificate"));
+  p = problems_of(replace(valid_text(), "cert = \"control-1.pem\"\n", ""));
+  EXPECT_TRUE(has_problem(p, 0, "node 'control-1' needs cert and key"));
+}
+
+TEST(topology, plaintext_only_on_loopback) {
+  auto text = replace(valid_text(), "ca = \"ca.pem\"", "plaintext = true");
+  for (const char* f : {"cert = \"control-1.pem\"\n", "key = \"control-1.key\"\n",
+                        "cert = \"agent-a.pem\"\n", "key = \"agent-a.key\"\n"})
+    text = replace(text, f, "");
+  EXPECT_TRUE(parse(text).value) << "loopback-only plaintext is allowed";
+  auto p = problems_of(replace(text, "host = \"127.0.0.1\"\nroles = [\"agent\"]",
+                               "host = \"10.0.0.7\"\nroles = [\"agent\"]"));
+  EXPECT_TRUE(has_problem(p, 0, "node 'agent-a' is on 10.0.0.7 but [tls] plaintext = true"));
+  p = problems_of(replace(valid_text(), "[tls]\nca = \"ca.pem\"\n", ""));
+  EXPECT_TRUE(has_problem(p, 0, "missing [tls]"));
+}
+
+TEST(topology, roles_need_what_they_use) {
+  auto p = problems_of(replace(valid_text(), "http = \"127.0.0.1:8080\"\n", ""));
+  EXPECT_TRUE(has_problem(p, 0, "is a control node: it needs http"));
+  p = problems_of(replace(valid_text(), "roles = [\"control\"]", "roles = [\"agent\"]"));
+  EXPECT_TRUE(has_problem(p, 0, "no node has the control role"));
+  EXPECT_TRUE(has_problem(p, 14, "http is only for control nodes"));
+  p = problems_of(replace(valid_text(), "port = 7100\n", ""));
+  EXPECT_TRUE(has_problem(p, 0, "needs a port agents connect to"));
+  p = problems_of(replace(valid_text(), "http = \"127.0.0.1:8080\"", "http = \"8080\""));
+  EXPECT_TRUE(has_problem(p, 14, "must be HOST:PORT"));
+}
+
+TEST(topology, engines_are_checked) {
+  auto p = problems_of(replace(valid_text(), "events_port = 5557\n", ""));
+  EXPECT_TRUE(has_problem(p, 25, "is attached with kv_events = true: set events_port"));
+  p = problems_of(replace(valid_text(), "http://127.0.0.1:8001", "https://gpu/v1"));
+  EXPECT_TRUE(has_problem(p, 28, "must be http://HOST:PORT"));
+  p = problems_of(valid_text() + "launch = []\n");
+  EXPECT_TRUE(has_problem(p, 31, "launch is empty"));
+  p =
+    problems_of(valid_text() + "launch = [\"vllm\"]\nreplay_endpoint = \"tcp://127.0.0.1:5558\"\n");
+  EXPECT_TRUE(has_problem(p, 32, "replay_endpoint is for attached engines"));
+  p = problems_of(valid_text() + "lora = [\"x\", \"x\"]\nreplica_id = 1\n");
+  EXPECT_TRUE(has_problem(p, 31, "lists 'x' twice"));
+  EXPECT_TRUE(has_problem(p, 32, "unknown key 'replica_id'"));
+  p = problems_of(replace(valid_text(), "replica = \"a0\"", "replica = \"a 0\""));
+  EXPECT_TRUE(has_problem(p, 26, "replica 'a 0': use letters"));
+}
+
+TEST(topology, overlapping_event_ports_on_one_node) {
+  auto text = valid_text() + R"(dp_size = 4
+
+[[node.engine]]
+replica = "a1"
+model = "llama"
+url = "http://127.0.0.1:8002"
+kv_events = true
+events_port = 5560
+)";
+  auto p = problems_of(text);
+  EXPECT_TRUE(has_problem(p, 33, "replica 'a1' events ports 5560..5560 overlap"));
+  EXPECT_TRUE(parse(replace(text, "events_port = 5560", "events_port = 5561")).value);
+}
+
+TEST(topology, an_unreadable_file) {
+  auto r = load_topology("/nonexistent/cluster.toml");
+  ASSERT_EQ(r.problems.size(), 1u);
+  EXPECT_EQ(r.problems[0].to_string(), "/nonexistent/cluster.toml: cannot read the file");
+}

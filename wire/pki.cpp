@@ -1,0 +1,186 @@
+#include "wire/pki.hpp"
+
+#include <fmt/format.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/rand.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
+
+#include <cstdio>
+#include <fcntl.h>
+#include <memory>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace llmgw::wire {
+
+namespace {
+
+struct pkey_free {
+  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
+};
+struct x509_free {
+  void operator()(X509* x) const { X509_free(x); }
+};
+using pkey_ptr = std::unique_ptr<EVP_PKEY, pkey_free>;
+using x509_ptr = std::unique_ptr<X509, x509_free>;
+
+std::string ssl_error(const std::string& what) {
+  auto code = ERR_get_error();
+  ERR_clear_error();
+  char buf[256] = "no detail";
+  if (code != 0)
+    ERR_error_string_n(code, buf, sizeof buf);
+  return fmt::format("{}: {}", what, buf);
+}
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+/// Writes through a FILE opened with `mode` bits (0600 for keys).
+template <class Write>
+std::string write_pem(const std::string& path, mode_t mode, Write write) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, mode);
+  if (fd < 0)
+    return fmt::format("cannot write '{}'", path);
+  ::fchmod(fd, mode);
+  FILE* f = ::fdopen(fd, "w");
+  if (!f) {
+    ::close(fd);
+    return fmt::format("cannot write '{}'", path);
+  }
+  bool ok = write(f) == 1;
+  ok = std::fclose(f) == 0 && ok;
+  return ok ? std::string{} : ssl_error(fmt::format("writing '{}'", path));
+}
+
+std::string write_key(const std::string& path, EVP_PKEY* key) {
+  return write_pem(path, 0600, [key](FILE* f) {
+    return PEM_write_PrivateKey(f, key, nullptr, nullptr, 0, nullptr, nullptr);
+  });
+}
+
+std::string write_cert(const std::string& path, X509* cert) {
+  return write_pem(path, 0644, [cert](FILE* f) { return PEM_write_X509(f, cert); });
+}
+
+bool add_ext(X509* cert, X509* issuer, int nid, const std::string& value) {
+  X509V3_CTX ctx;
+  X509V3_set_ctx_nodb(&ctx);
+  X509V3_set_ctx(&ctx, issuer, cert, nullptr, nullptr, 0);
+  X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value.c_str());
+  if (!ext)
+    return false;
+  bool ok = X509_add_ext(cert, ext, -1) == 1;
+  X509_EXTENSION_free(ext);
+  return ok;
+}
+
+/// A certificate for `key` named `cn`, valid now for `days`.
+x509_ptr new_cert(EVP_PKEY* key, const std::string& cn, int days) {
+  x509_ptr cert(X509_new());
+  X509_set_version(cert.get(), 2);
+  unsigned char serial[16];
+  RAND_bytes(serial, sizeof serial);
+  serial[0] &= 0x7f; // positive
+  BIGNUM* bn = BN_bin2bn(serial, sizeof serial, nullptr);
+  BN_to_ASN1_INTEGER(bn, X509_get_serialNumber(cert.get()));
+  BN_free(bn);
+  X509_gmtime_adj(X509_getm_notBefore(cert.get()), -300);
+  X509_gmtime_adj(X509_getm_notAfter(cert.get()), static_cast<long>(days) * 86400);
+  X509_set_pubkey(cert.get(), key);
+  X509_NAME* name = X509_get_subject_name(cert.get());
+  X509_NAME_add_entry_by_txt(name, "O", MBSTRING_ASC,
+                             reinterpret_cast<const unsigned char*>("llmgw"), -1, -1, 0);
+  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
+                             reinterpret_cast<const unsigned char*>(cn.c_str()), -1, -1, 0);
+  return cert;
+}
+
+pkey_ptr read_key(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "r");
+  if (!f)
+    return nullptr;
+  pkey_ptr key(PEM_read_PrivateKey(f, nullptr, nullptr, nullptr));
+  std::fclose(f);
+  return key;
+}
+
+x509_ptr read_cert(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "r");
+  if (!f)
+    return nullptr;
+  x509_ptr cert(PEM_read_X509(f, nullptr, nullptr, nullptr));
+  std::fclose(f);
+  return cert;
+}
+
+bool is_ip(const std::string& host) {
+  unsigned char buf[16];
+  return host.find(':') != std::string::npos
+         || (std::sscanf(host.c_str(), "%hhu.%hhu.%hhu.%hhu", &buf[0], &buf[1], &buf[2], &buf[3])
+               == 4
+             && host.find_first_not_of("0123456789.") == std::string::npos);
+}
+
+} // namespace
+
+node_credentials credentials_in(const std::string& dir, const std::string& name) {
+  return {dir + "/" + name + ".pem", dir + "/" + name + ".key"};
+}
+
+std::string ensure_ca(const std::string& dir, int days) {
+  auto cert_path = dir + "/ca.pem";
+  auto key_path = dir + "/ca.key";
+  if (exists(cert_path) && exists(key_path))
+    return {};
+  ::mkdir(dir.c_str(), 0755);
+  pkey_ptr key(EVP_EC_gen("P-256"));
+  if (!key)
+    return ssl_error("generating the CA key");
+  auto cert = new_cert(key.get(), "llmgw cluster CA", days);
+  X509_set_issuer_name(cert.get(), X509_get_subject_name(cert.get()));
+  if (!add_ext(cert.get(), cert.get(), NID_basic_constraints, "critical,CA:TRUE")
+      || !add_ext(cert.get(), cert.get(), NID_key_usage, "critical,keyCertSign,cRLSign")
+      || !add_ext(cert.get(), cert.get(), NID_subject_key_identifier, "hash"))
+    return ssl_error("CA certificate extensions");
+  if (X509_sign(cert.get(), key.get(), EVP_sha256()) == 0)
+    return ssl_error("signing the CA certificate");
+  if (auto err = write_key(key_path, key.get()); !err.empty())
+    return err;
+  return write_cert(cert_path, cert.get());
+}
+
+std::string issue_node_certificate(const std::string& dir, const std::string& name,
+                                   const std::vector<std::string>& hosts, int days) {
+  auto ca_key = read_key(dir + "/ca.key");
+  auto ca_cert = read_cert(dir + "/ca.pem");
+  if (!ca_key || !ca_cert)
+    return fmt::format("no CA in '{}' (ca.pem and ca.key)", dir);
+  pkey_ptr key(EVP_EC_gen("P-256"));
+  if (!key)
+    return ssl_error("generating a node key");
+  auto cert = new_cert(key.get(), name, days);
+  X509_set_issuer_name(cert.get(), X509_get_subject_name(ca_cert.get()));
+  std::string san = "DNS:" + name;
+  for (const auto& h : hosts)
+    san += (is_ip(h) ? ",IP:" : ",DNS:") + h;
+  if (!add_ext(cert.get(), ca_cert.get(), NID_basic_constraints, "critical,CA:FALSE")
+      || !add_ext(cert.get(), ca_cert.get(), NID_key_usage,
+                  "critical,digitalSignature,keyEncipherment,keyAgreement")
+      || !add_ext(cert.get(), ca_cert.get(), NID_ext_key_usage, "serverAuth,clientAuth")
+      || !add_ext(cert.get(), ca_cert.get(), NID_subject_alt_name, san))
+    return ssl_error("node certificate extensions");
+  if (X509_sign(cert.get(), ca_key.get(), EVP_sha256()) == 0)
+    return ssl_error("signing a node certificate");
+  auto files = credentials_in(dir, name);
+  if (auto err = write_key(files.key, key.get()); !err.empty())
+    return err;
+  return write_cert(files.cert, cert.get());
+}
+
+} // namespace llmgw::wire

@@ -1,0 +1,124 @@
+// The cluster's shape: one TOML file read by every node and tool.
+//
+//   [cluster]   name, hash_seed (the engines' PYTHONHASHSEED), block_size,
+//               flush_interval_ms, heartbeat_ms, connection_timeout_ms
+//   [tls]       ca (PEM), or plaintext = true (loopback tests only)
+//   [router]    scoring and tier-1 knobs (router_settings below)
+//   [[node]]    name, host, port, roles = ["agent", "control"], http
+//               ("host:port", control nodes), cert and key (PEM)
+//   [[node.engine]] (agent nodes) replica, model, url, lora, kv_events,
+//               events_port, topic, dp_size, launch, replay, replay_endpoint
+//
+// load_topology() reads and checks everything before anything starts and
+// reports every problem at once, each with FILE:LINE:COLUMN: unknown keys,
+// wrong types, missing values, duplicates, clashing ports, unreadable or
+// mismatched TLS files. Relative paths are relative to the file's folder.
+// deploy/ has commented examples.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace llmgw::wire {
+
+/// One engine (one vLLM server, possibly with data-parallel ranks).
+struct engine_spec {
+  std::string replica;           ///< unique in the cluster
+  std::string model;             ///< served model name (OpenAI "model")
+  std::string url;               ///< HTTP base URL, e.g. http://10.0.0.5:8000
+  std::vector<std::string> lora; ///< LoRA adapters it serves, by name
+  bool kv_events = false;        ///< tier 2: mirror its KV events
+  std::uint16_t events_port = 0; ///< SUB port on the agent's loopback (0: any)
+  std::string topic;
+  std::uint32_t dp_size = 1;
+  std::vector<std::string> launch; ///< empty: attached (started by the operator)
+  bool replay = true;              ///< launched engines get a replay endpoint
+  std::string replay_endpoint;     ///< attached engines: theirs, if any
+};
+
+/// A node's roles.
+struct node_roles {
+  bool agent = false;
+  bool control = false;
+};
+
+/// One process of the cluster.
+struct node_spec {
+  std::string name;
+  std::string host;       ///< CAF address (control nodes listen on it)
+  std::uint16_t port = 0; ///< CAF port; agent-only nodes may leave it 0
+  node_roles roles;
+  std::string http_host; ///< control nodes: the gateway's listen address
+  std::uint16_t http_port = 0;
+  std::string cert; ///< PEM certificate, signed by the cluster's CA
+  std::string key;  ///< its private key (PEM, unencrypted)
+  std::vector<engine_spec> engines;
+};
+
+/// Knobs of the router's decision.
+struct router_settings {
+  double cpu_weight = 0.5;               ///< a CPU-offloaded block counts this much
+  double storage_weight = 0.25;          ///< a block on another storage tier
+  double tie_margin = 0.05;              ///< scores this close to the best count as ties
+  std::uint32_t hot_spot_threshold = 16; ///< outstanding above the least loaded
+  std::size_t tier1_chunk_bytes = 64;    ///< prompt text per tier-1 tree step
+  std::size_t tier1_capacity = 200000;   ///< tier-1 chunks kept per replica
+  std::chrono::seconds tier1_ttl{900};
+  std::chrono::milliseconds tokenize_timeout{500};
+  std::size_t tokenize_cache_entries = 4096;
+};
+
+/// The whole cluster.
+struct topology {
+  std::string path; ///< the file it came from
+  std::string name;
+  std::string seed;            ///< PYTHONHASHSEED of every engine
+  std::size_t block_size = 16; ///< --block-size of every engine
+  std::chrono::milliseconds flush_interval{250};
+  std::chrono::milliseconds heartbeat{1000};
+  std::chrono::milliseconds connection_timeout{5000};
+  std::string ca;         ///< the CA every node certificate is checked against
+  bool plaintext = false; ///< no TLS at all (refused unless every host is loopback)
+  router_settings router;
+  std::vector<node_spec> nodes;
+
+  /// The node called `name`, or null.
+  const node_spec* find_node(const std::string& name) const;
+
+  /// The node owning `replica`, or null.
+  const node_spec* owner_of(const std::string& replica) const;
+
+  /// The engine called `replica`, or null.
+  const engine_spec* find_engine(const std::string& replica) const;
+
+  /// The control nodes, in file order.
+  std::vector<const node_spec*> controls() const;
+};
+
+/// One thing wrong with a topology, with where it is.
+struct config_problem {
+  std::string file;
+  std::uint32_t line = 0; ///< 0: the file as a whole
+  std::uint32_t column = 0;
+  std::string message;
+  /// "FILE:LINE:COLUMN: message" (or "FILE: message").
+  std::string to_string() const;
+};
+
+/// A topology, or every problem found in it.
+struct topology_result {
+  std::optional<topology> value;
+  std::vector<config_problem> problems;
+};
+
+/// Reads and checks a topology file.
+topology_result load_topology(const std::string& path);
+
+/// The same from text (for tests); `path` names it in messages and is where
+/// relative file names are resolved from.
+topology_result parse_topology(const std::string& text, const std::string& path);
+
+} // namespace llmgw::wire
