@@ -45,6 +45,6 @@ apt-get install -y -q --no-install-recommends \
   libssl-dev \
   libcli11-dev libfmt-dev \
   libgtest-dev libgmock-dev \
-  libboost-json1.81-dev libtoml11-dev \
+  libboost-json1.81-dev libtoml11-dev libxxhash-dev \
   python3 python3-cbor2 python3-zmq python3-msgpack \
   curl nginx-light
