@@ -105,7 +105,10 @@ agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg) {
         mirror_rank, e.replica, r,
         std::optional<wire::parity_config>(wire::parity_config{cfg.seed, cfg.block_size}));
       out.actors.push_back(caf::actor_cast<caf::actor>(m));
-      out.mirrors.push_back(mirror_entry{e.replica, m});
+      // Only replicas with events are forwarded: a replica without them must
+      // reach the router as "no KV state" (tier 1), not as "holds nothing".
+      if (events)
+        out.mirrors.push_back(mirror_entry{e.replica, m});
       mirrors.push_back(m);
     }
     for (std::uint32_t r = 0; events && r < e.dp_size; ++r) {

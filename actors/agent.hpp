@@ -46,8 +46,8 @@ struct agent_config {
 
 /// What start_agent made, and what happened per engine.
 struct agent_handles {
-  std::vector<caf::actor> actors; ///< everything spawned, stopped by stop_agent
-  std::vector<mirror_entry> mirrors;
+  std::vector<caf::actor> actors;            ///< everything spawned, stopped by stop_agent
+  std::vector<mirror_entry> mirrors;         ///< forwarded: engines (ranks) with KV events
   std::vector<std::string> events_endpoints; ///< per engine: rank 0's endpoint, or "" (no events)
 };
 

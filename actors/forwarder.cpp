@@ -39,6 +39,7 @@ void schedule_connect(self_ptr self) {
   auto& st = self->state;
   st.backoff =
     st.backoff.count() == 0 ? st.opts.backoff_min : std::min(st.backoff * 2, st.opts.backoff_max);
+  st.connect_scheduled = true;
   self->delayed_send(self, st.backoff, connect_atom::value);
 }
 
@@ -96,6 +97,7 @@ forwarder_actor::behavior_type forwarder(forwarder_actor::stateful_pointer<forwa
       start_session(self, caf::actor_cast<control_actor>(control));
     },
     [self](connect_atom) {
+      self->state.connect_scheduled = false;
       if (!self->state.control && self->state.connect)
         self->state.connect(self);
       if (!self->state.control)
@@ -120,6 +122,23 @@ forwarder_actor::behavior_type forwarder(forwarder_actor::stateful_pointer<forwa
           });
     },
     [self](const session_ack& ack) { self->state.window.ack(ack.session, ack.seq); },
+    [self](refused_atom, std::uint64_t session, const std::string& why) {
+      auto& st = self->state;
+      if (!st.control || session != st.window.session())
+        return;
+      LLMGW_LOG(error, "forwarder " + st.opts.control,
+                "the control node refused this node's session: {}; trying again in {} ms", why,
+                st.opts.backoff_max.count());
+      ++st.sessions_refused;
+      self->demonitor(st.control.address());
+      st.control = control_actor{};
+      st.window.start(0);
+      st.backoff = st.opts.backoff_max;
+      if (!st.connect_scheduled) { // one chain of attempts at a time
+        st.connect_scheduled = true;
+        self->delayed_send(self, st.opts.backoff_max, connect_atom::value);
+      }
+    },
   };
 }
 

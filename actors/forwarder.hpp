@@ -48,7 +48,9 @@ struct forwarder_state {
   std::uint64_t sessions = 0;
   std::chrono::milliseconds backoff{0};
   std::uint64_t updates_sent = 0;
-  std::uint64_t flushes_skipped = 0; ///< flushes that found the window full
+  std::uint64_t flushes_skipped = 0;  ///< flushes that found the window full
+  std::uint64_t sessions_refused = 0; ///< sessions the control node refused
+  bool connect_scheduled = false;     ///< a connect_atom is on its way
   static inline const char* name = "forwarder";
 };
 

@@ -9,6 +9,7 @@
 #include <caf/typed_actor.hpp>
 
 #include <cstdint>
+#include <string>
 
 namespace llmgw {
 
@@ -23,6 +24,13 @@ using flush_atom = caf::atom_constant<caf::atom("flush")>;
 using poll_atom = caf::atom_constant<caf::atom("poll")>;
 using start_atom = caf::atom_constant<caf::atom("start")>;
 using status_atom = caf::atom_constant<caf::atom("status")>;
+using refused_atom = caf::atom_constant<caf::atom("refused")>;
+using drop_atom = caf::atom_constant<caf::atom("drop")>;
+using route_atom = caf::atom_constant<caf::atom("route")>;
+using done_atom = caf::atom_constant<caf::atom("done")>;
+using mark_down_atom = caf::atom_constant<caf::atom("mark_down")>;
+using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
+using kv_atom = caf::atom_constant<caf::atom("kv")>;
 
 /// The only owner of one engine's block table.
 using mirror_actor = caf::typed_actor<
@@ -49,7 +57,9 @@ using forwarder_actor = caf::typed_actor<
   // The flush timer: drain every mirror and send what changed.
   caf::reacts_to<flush_atom>,
   // The control node applied updates up to a seq.
-  caf::reacts_to<session_ack>>;
+  caf::reacts_to<session_ack>,
+  // The control node refused the session (why, for the log); retry later.
+  caf::reacts_to<refused_atom, std::uint64_t, std::string>>;
 
 /// Starts one engine and restarts it with backoff when it exits.
 using engine_supervisor_actor = caf::typed_actor<
@@ -65,6 +75,25 @@ using control_actor = caf::typed_actor<
   // A session starts: who the agent is, and where to send acks.
   caf::reacts_to<agent_hello, forwarder_actor>,
   // The net change of one replica, within a session.
-  caf::reacts_to<replica_update>>;
+  caf::reacts_to<replica_update>,
+  // Prometheus text of the control actor's counters.
+  caf::replies_to<metrics_atom>::with<std::string>>;
+
+/// A control node's router: the block index, tier 1 and the decision.
+using router_actor = caf::typed_actor<
+  // An agent's net change for one replica rank, checked by the control actor.
+  caf::reacts_to<replica_update>,
+  // Forget a replica's KV state; the reason is a wire::drop_reason.
+  caf::reacts_to<drop_atom, std::string, std::uint8_t>,
+  // Decide where a request goes.
+  caf::replies_to<route_atom, wire::route_query>::with<wire::route_decision>,
+  // A request on this replica finished.
+  caf::reacts_to<done_atom, std::string>,
+  // The replica failed a request: avoid it for this many milliseconds.
+  caf::reacts_to<mark_down_atom, std::string, std::uint32_t>,
+  // Prometheus text of the router's metrics.
+  caf::replies_to<metrics_atom>::with<std::string>,
+  // JSON of what the index holds per replica (/v1/kv/replicas).
+  caf::replies_to<kv_atom>::with<std::string>>;
 
 } // namespace llmgw

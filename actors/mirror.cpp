@@ -35,6 +35,7 @@ replica_update to_update(const mirror_state& st, const wire::table_delta& delta)
   u.parity = static_cast<std::uint8_t>(parity);
   u.added = delta.added;
   u.removed = delta.removed;
+  u.totals = st.counters;
   return u;
 }
 

@@ -10,21 +10,11 @@
 
 namespace llmgw {
 
-/// What a mirror counts, for metrics and logs.
-struct mirror_counters {
-  std::uint64_t batches = 0;
-  std::uint64_t stored = 0;
-  std::uint64_t removed = 0;
-  std::uint64_t ignored_removes = 0;
-  std::uint64_t verified_blocks = 0;
-  std::uint64_t resets[5] = {}; ///< by wire::reset_reason
-};
-
 struct mirror_state {
   std::string replica;
   std::uint32_t dp_rank = 0;
   wire::block_table table;
-  mirror_counters counters;
+  wire::mirror_totals counters; ///< sent along with every update
   static inline const char* name = "mirror";
 };
 

@@ -40,6 +40,7 @@ control_actor::behavior_type counting_control(control_actor::pointer self,
       ++*updates;
       self->send(*fwd, session_ack{u.session, u.seq});
     },
+    [](metrics_atom) { return std::string{}; },
   };
 }
 

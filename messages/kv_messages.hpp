@@ -21,6 +21,13 @@
 
 namespace llmgw::wire {
 
+/// A mirror's running totals, sent with every update.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, mirror_totals& x) {
+  return f(caf::meta::type_name("mirror_totals"), x.batches, x.stored, x.removed, x.ignored_removes,
+           x.verified_blocks, x.resets[0], x.resets[1], x.resets[2], x.resets[3], x.resets[4]);
+}
+
 /// Serializes a block as (key, medium); the enum goes as its integer.
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, block_ref& x) {
@@ -55,12 +62,13 @@ struct replica_update {
   std::uint8_t parity = 0; ///< wire::parity_state as an integer
   std::vector<wire::block_ref> added;
   std::vector<wire::block_ref> removed;
+  wire::mirror_totals totals; ///< the mirror's counts so far
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, replica_update& x) {
   return f(caf::meta::type_name("replica_update"), x.node, x.replica, x.dp_rank, x.session, x.seq,
-           x.epoch, x.reset, x.parity, x.added, x.removed);
+           x.epoch, x.reset, x.parity, x.added, x.removed, x.totals);
 }
 
 /// The control node has applied every update of `session` up to `seq`.

@@ -1,8 +1,10 @@
 // Messages that stay inside one process: a decoded batch goes from the
-// subscriber to its mirror as a shared pointer, never serialized.
+// subscriber to its mirror as a shared pointer, and routing queries and
+// decisions go between the gateway and the router; none is serialized.
 #pragma once
 
 #include "wire/kv_events.hpp"
+#include "wire/router_core.hpp"
 
 #include <caf/allowed_unsafe_message_type.hpp>
 
@@ -21,3 +23,7 @@ using batch_list = std::shared_ptr<const std::vector<wire::event_batch>>;
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmgw::batch_ptr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmgw::batch_list)
+// The gateway and its router share a process: queries and decisions are
+// passed as values, never serialized.
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmgw::wire::route_query)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmgw::wire::route_decision)

@@ -93,6 +93,17 @@ struct apply_counts {
   bool mismatch_found = false;     ///< this batch turned parity to mismatch
 };
 
+/// A mirror's running totals since the agent started. Every update carries
+/// them, so the control node exports the agent's counts as its own metrics.
+struct mirror_totals {
+  std::uint64_t batches = 0;         ///< event batches applied
+  std::uint64_t stored = 0;          ///< block hashes stored
+  std::uint64_t removed = 0;         ///< block hashes removed
+  std::uint64_t ignored_removes = 0; ///< removes of blocks not held
+  std::uint64_t verified_blocks = 0; ///< blocks whose hash was recomputed and matched
+  std::uint64_t resets[5] = {};      ///< by reset_reason
+};
+
 /// Identifies a subscriber of a table.
 using peer_id = std::uint64_t;
 

@@ -99,7 +99,8 @@ void metrics_text::counter(const std::string& name, const std::string& help, dou
 
 void metrics_text::gauge(const std::string& name, const std::string& help, double value,
                          const metric_labels& labels) {
-  family_of(name, help, "gauge").lines.push_back(name + render_labels(labels) + " " + number(value));
+  family_of(name, help, "gauge")
+    .lines.push_back(name + render_labels(labels) + " " + number(value));
 }
 
 void metrics_text::histogram(const std::string& name, const std::string& help,

@@ -4,6 +4,21 @@
 
 namespace llmgw::wire {
 
+std::uint64_t fingerprint_of(const block_ref& b) noexcept {
+  // splitmix64 of the key and medium: sums of these collide only by chance.
+  auto x = b.key ^ (static_cast<std::uint64_t>(b.where) + 1) * 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+std::uint64_t fingerprint_of(const std::vector<block_ref>& blocks) noexcept {
+  std::uint64_t sum = 0;
+  for (const auto& b : blocks)
+    sum += fingerprint_of(b);
+  return sum;
+}
+
 holder_id replica_index::holder_for(std::string_view replica, std::uint32_t dp_rank) {
   if (auto h = find(replica, dp_rank))
     return *h;
@@ -42,15 +57,18 @@ apply_outcome replica_index::apply(const kv_change& change,
   if (change.reset) {
     index_.drop(h);
     info.has_state = true;
+    info.fingerprint = 0;
     ++info.resets;
   }
   info.epoch = change.epoch;
   if (change.removed)
     for (const auto& b : *change.removed)
-      index_.remove(b.key, h, b.where);
+      if (index_.remove(b.key, h, b.where))
+        info.fingerprint -= fingerprint_of(b);
   if (change.added)
     for (const auto& b : *change.added)
-      index_.add(b.key, h, b.where);
+      if (index_.add(b.key, h, b.where))
+        info.fingerprint += fingerprint_of(b);
   info.parity = change.parity;
   info.last_update = now;
   ++info.updates;
@@ -63,6 +81,7 @@ void replica_index::drop_replica(std::string_view replica) {
     return;
   for (auto h : it->second) {
     index_.drop(h);
+    holders_[h].fingerprint = 0;
     holders_[h].has_state = false;
     holders_[h].parity = parity_state::unknown;
   }

@@ -50,7 +50,17 @@ struct holder_info {
   std::chrono::steady_clock::time_point last_update{};
   std::uint64_t updates = 0; ///< changes applied
   std::uint64_t resets = 0;  ///< full copies and epoch resets applied
+  /// Order-independent digest of the held (key, medium) set: equal sets give
+  /// equal fingerprints, so two control nodes (or a router and a mirror) can
+  /// be compared without listing blocks.
+  std::uint64_t fingerprint = 0;
 };
+
+/// One block's contribution to a fingerprint.
+std::uint64_t fingerprint_of(const block_ref& b) noexcept;
+
+/// The fingerprint of a set of blocks (what a mirror holds, say).
+std::uint64_t fingerprint_of(const std::vector<block_ref>& blocks) noexcept;
 
 class replica_index {
 public:

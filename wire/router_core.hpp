@@ -42,6 +42,9 @@ struct route_query {
   std::vector<std::uint64_t> chunks; ///< tier-1 chunk hashes of the prompt text
   std::vector<std::string> exclude;  ///< replicas already tried for this request
   bool dry_run = false; ///< /v1/route: decide, but do not count load or remember the prompt
+  // For the router's metrics:
+  double tokenize_seconds = -1; ///< time tokenization took (-1: not tried)
+  double hash_seconds = 0;      ///< time hashing the prompt took
 };
 
 /// One candidate's scores.

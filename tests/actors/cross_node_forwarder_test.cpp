@@ -5,6 +5,7 @@
 #include "actors/forwarder.hpp"
 #include "actors/mirror.hpp"
 #include "messages/registration.hpp"
+#include "tests/actors/fake_control.hpp"
 #include "tests/unit/support.hpp"
 
 #include <boost/json.hpp>
@@ -12,7 +13,6 @@
 #include <caf/io/all.hpp>
 #include <gtest/gtest.h>
 
-#include <mutex>
 #include <thread>
 
 using namespace std::chrono_literals;
@@ -27,35 +27,6 @@ struct node_config : caf::actor_system_config {
     set("scheduler.max-threads", 2);
   }
 };
-
-struct received {
-  std::mutex mtx;
-  std::vector<agent_hello> hellos;
-  std::vector<replica_update> updates;
-  std::size_t count() {
-    std::lock_guard<std::mutex> g(mtx);
-    return updates.size();
-  }
-};
-
-control_actor::behavior_type recording_control(control_actor::pointer self,
-                                               std::shared_ptr<received> log) {
-  auto fwd = std::make_shared<forwarder_actor>();
-  return {
-    [log, fwd](const agent_hello& h, const forwarder_actor& f) {
-      std::lock_guard<std::mutex> g(log->mtx);
-      log->hellos.push_back(h);
-      *fwd = f;
-    },
-    [self, log, fwd](const replica_update& u) {
-      {
-        std::lock_guard<std::mutex> g(log->mtx);
-        log->updates.push_back(u);
-      }
-      self->send(*fwd, session_ack{u.session, u.seq});
-    },
-  };
-}
 
 std::vector<batch_ptr> s2_batches() {
   std::vector<batch_ptr> out;
@@ -72,8 +43,8 @@ std::vector<batch_ptr> s2_batches() {
 TEST(cross_node, forwarder_session_and_acks_cross_the_network) {
   node_config control_cfg;
   caf::actor_system control_sys{control_cfg};
-  auto log = std::make_shared<received>();
-  auto control = control_sys.spawn(recording_control, log);
+  auto log = std::make_shared<llmgw::test::control_record>();
+  auto control = control_sys.spawn(llmgw::test::recording_control, log);
   auto port = control_sys.middleman().publish(control, 0, "127.0.0.1");
   ASSERT_TRUE(port) << control_sys.render(port.error());
 
@@ -95,7 +66,7 @@ TEST(cross_node, forwarder_session_and_acks_cross_the_network) {
     if (i % 40 == 39)
       std::this_thread::sleep_for(60ms);
   }
-  for (int i = 0; i < 500 && log->count() < 8; ++i)
+  for (int i = 0; i < 500 && log->update_count() < 8; ++i)
     std::this_thread::sleep_for(10ms);
   {
     std::lock_guard<std::mutex> g(log->mtx);

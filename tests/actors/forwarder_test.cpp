@@ -3,6 +3,7 @@
 #include "actors/forwarder.hpp"
 #include "actors/mirror.hpp"
 #include "tests/actors/deterministic.hpp"
+#include "tests/actors/fake_control.hpp"
 
 #include <set>
 
@@ -11,31 +12,10 @@ using namespace std::chrono_literals;
 
 namespace {
 
-struct received {
-  std::vector<agent_hello> hellos;
-  std::vector<replica_update> updates;
-  bool ack = true; ///< answer every update with an ack
-};
-
-control_actor::behavior_type fake_control(control_actor::pointer self,
-                                          std::shared_ptr<received> log) {
-  auto fwd = std::make_shared<forwarder_actor>();
-  return {
-    [log, fwd](const agent_hello& h, const forwarder_actor& f) {
-      log->hellos.push_back(h);
-      *fwd = f;
-    },
-    [self, log, fwd](const replica_update& u) {
-      log->updates.push_back(u);
-      if (log->ack && *fwd)
-        self->send(*fwd, session_ack{u.session, u.seq});
-    },
-  };
-}
-
 struct forwarder_test : llmgw::test::deterministic {
-  std::shared_ptr<received> log = std::make_shared<received>();
-  control_actor control = stop_at_end(sys.spawn(fake_control, log));
+  std::shared_ptr<llmgw::test::control_record> log =
+    std::make_shared<llmgw::test::control_record>();
+  control_actor control = stop_at_end(sys.spawn(llmgw::test::recording_control, log));
   mirror_actor m0 =
     stop_at_end(sys.spawn(mirror, std::string("r0"), std::optional<wire::parity_config>{}));
   mirror_actor m1 =
@@ -158,7 +138,7 @@ TEST_F(forwarder_test, a_lost_control_node_gets_a_new_session_with_a_full_copy) 
   EXPECT_EQ(connect_calls, 2);
   EXPECT_EQ(log->hellos.size(), 1u);
   // The control node is back (a new process, a new actor).
-  control = stop_at_end(sys.spawn(fake_control, log));
+  control = stop_at_end(sys.spawn(llmgw::test::recording_control, log));
   reachable = true;
   sched.advance_time(200ms); // the backoff doubled
   sched.run();

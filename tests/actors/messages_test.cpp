@@ -44,6 +44,13 @@ llmgw::replica_update sample_update() {
   u.parity = static_cast<std::uint8_t>(llmgw::wire::parity_state::verified);
   u.added = {{16284813627505341992u, llmgw::wire::medium::gpu}, {1, llmgw::wire::medium::cpu}};
   u.removed = {{~std::uint64_t{0}, llmgw::wire::medium::storage}};
+  u.totals.batches = 11;
+  u.totals.stored = 12;
+  u.totals.removed = 13;
+  u.totals.ignored_removes = 14;
+  u.totals.verified_blocks = 15;
+  for (int i = 0; i < 5; ++i)
+    u.totals.resets[i] = 20u + static_cast<unsigned>(i);
   return u;
 }
 
@@ -78,6 +85,13 @@ TEST(messages, cross_a_real_connection_intact) {
         EXPECT_EQ(u.parity, sent.parity);
         EXPECT_EQ(u.added, sent.added);
         EXPECT_EQ(u.removed, sent.removed);
+        EXPECT_EQ(u.totals.batches, 11u);
+        EXPECT_EQ(u.totals.stored, 12u);
+        EXPECT_EQ(u.totals.removed, 13u);
+        EXPECT_EQ(u.totals.ignored_removes, 14u);
+        EXPECT_EQ(u.totals.verified_blocks, 15u);
+        for (int i = 0; i < 5; ++i)
+          EXPECT_EQ(u.totals.resets[i], 20u + static_cast<unsigned>(i));
         EXPECT_EQ(ack.session, sent.session);
         EXPECT_EQ(ack.seq, 42u);
       },

@@ -8,6 +8,7 @@
 #include "actors/mirror.hpp"
 #include "actors/subscriber.hpp"
 #include "messages/registration.hpp"
+#include "tests/actors/fake_control.hpp"
 #include "tests/integration/replay_service.hpp"
 #include "tests/unit/support.hpp"
 #include "wire/zmq_message.hpp"
@@ -239,44 +240,13 @@ struct net_config : caf::actor_system_config {
   }
 };
 
-struct control_copy {
-  std::mutex mtx;
-  /// Per (replica, rank): an update only ever speaks for its own replica.
-  std::map<std::pair<std::string, std::uint32_t>, std::set<wire::block_ref>> replicas;
-  std::set<wire::block_ref> blocks; ///< replica "r0", rank 0
-  std::uint64_t updates = 0;
-};
-
-control_actor::behavior_type copying_control(control_actor::pointer self,
-                                             std::shared_ptr<control_copy> copy) {
-  auto fwd = std::make_shared<forwarder_actor>();
-  return {
-    [fwd](const agent_hello&, const forwarder_actor& f) { *fwd = f; },
-    [self, copy, fwd](const replica_update& u) {
-      {
-        std::lock_guard<std::mutex> g(copy->mtx);
-        auto& blocks = copy->replicas[{u.replica, u.dp_rank}];
-        if (u.reset)
-          blocks.clear();
-        for (const auto& r : u.removed)
-          blocks.erase(r);
-        for (const auto& r : u.added)
-          blocks.insert(r);
-        copy->blocks = copy->replicas[{"r0", 0}];
-        ++copy->updates;
-      }
-      self->send(*fwd, session_ack{u.session, u.seq});
-    },
-  };
-}
-
 } // namespace
 
 TEST(agent_path, the_control_nodes_copy_equals_the_engines_blocks) {
   net_config control_cfg;
   caf::actor_system control_sys{control_cfg};
-  auto copy = std::make_shared<control_copy>();
-  auto control = control_sys.spawn(copying_control, copy);
+  auto copy = std::make_shared<llmgw::test::control_record>();
+  auto control = control_sys.spawn(llmgw::test::recording_control, copy);
   auto port = control_sys.middleman().publish(control, 0, "127.0.0.1");
   ASSERT_TRUE(port) << control_sys.render(port.error());
 
@@ -308,17 +278,15 @@ TEST(agent_path, the_control_nodes_copy_equals_the_engines_blocks) {
   ASSERT_EQ(stats->messages.load(), c.frames.size());
   bool equal = false;
   for (int i = 0; i < 300 && !equal; ++i) { // a few flushes
-    {
-      std::lock_guard<std::mutex> g(copy->mtx);
-      equal = copy->blocks == c.expected;
-    }
+    equal = copy->blocks_of("r0") == c.expected;
     if (!equal)
       std::this_thread::sleep_for(10ms);
   }
   EXPECT_TRUE(equal) << "the control node's copy must equal the capture's final state";
   {
     std::lock_guard<std::mutex> g(copy->mtx);
-    EXPECT_LT(copy->updates, c.frames.size()) << "changes are batched per flush, not per event";
+    EXPECT_LT(copy->updates.size(), c.frames.size())
+      << "changes are batched per flush, not per event";
   }
   caf::anon_send_exit(sub, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(fwd, caf::exit_reason::user_shutdown);
@@ -329,8 +297,8 @@ TEST(agent_path, the_control_nodes_copy_equals_the_engines_blocks) {
 TEST(agent_node, launches_an_engine_and_forwards_its_blocks) {
   net_config control_cfg;
   caf::actor_system control_sys{control_cfg};
-  auto copy = std::make_shared<control_copy>();
-  auto control = control_sys.spawn(copying_control, copy);
+  auto copy = std::make_shared<llmgw::test::control_record>();
+  auto control = control_sys.spawn(llmgw::test::recording_control, copy);
   auto port = control_sys.middleman().publish(control, 0, "127.0.0.1");
   ASSERT_TRUE(port) << control_sys.render(port.error());
 
@@ -361,10 +329,7 @@ TEST(agent_node, launches_an_engine_and_forwards_its_blocks) {
   bool equal = false;
   // Bounded generously for slow sanitizer builds.
   for (int i = 0; i < 3000 && !equal; ++i) {
-    {
-      std::lock_guard<std::mutex> g(copy->mtx);
-      equal = copy->blocks == c.expected;
-    }
+    equal = copy->blocks_of("r0") == c.expected;
     if (!equal)
       std::this_thread::sleep_for(10ms);
   }
@@ -372,8 +337,8 @@ TEST(agent_node, launches_an_engine_and_forwards_its_blocks) {
     std::lock_guard<std::mutex> g(copy->mtx);
     EXPECT_TRUE(equal)
       << "the engine got the seed and flags, published, and the copy caught up; copy has "
-      << copy->blocks.size() << " blocks after " << copy->updates << " updates, expected "
-      << c.expected.size();
+      << copy->replicas[{"r0", 0}].size() << " blocks after " << copy->updates.size()
+      << " updates, expected " << c.expected.size();
   }
   stop_agent(handles);
   caf::anon_send_exit(control, caf::exit_reason::user_shutdown);
@@ -382,8 +347,8 @@ TEST(agent_node, launches_an_engine_and_forwards_its_blocks) {
 TEST(agent_node, data_parallel_ranks_have_their_own_ports_and_mirrors) {
   net_config control_cfg;
   caf::actor_system control_sys{control_cfg};
-  auto copy = std::make_shared<control_copy>();
-  auto control = control_sys.spawn(copying_control, copy);
+  auto copy = std::make_shared<llmgw::test::control_record>();
+  auto control = control_sys.spawn(llmgw::test::recording_control, copy);
   auto port = control_sys.middleman().publish(control, 0, "127.0.0.1");
   ASSERT_TRUE(port) << control_sys.render(port.error());
 
@@ -416,11 +381,8 @@ TEST(agent_node, data_parallel_ranks_have_their_own_ports_and_mirrors) {
       p1.send(f, f.seq);
     bool equal = false;
     for (int i = 0; i < 1000 && !equal; ++i) {
-      {
-        std::lock_guard<std::mutex> g(copy->mtx);
-        equal = copy->replicas[{"r0", 0}] == rank0.expected
-                && copy->replicas[{"r0", 1}] == rank1.expected;
-      }
+      equal =
+        copy->blocks_of("r0", 0) == rank0.expected && copy->blocks_of("r0", 1) == rank1.expected;
       if (!equal)
         std::this_thread::sleep_for(10ms);
     }

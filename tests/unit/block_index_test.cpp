@@ -215,6 +215,9 @@ TEST(replica_index, a_full_copy_then_changes) {
             apply_outcome::applied);
   EXPECT_EQ(idx.blocks().blocks_of(h),
             (std::vector<block_ref>{{2, medium::gpu}, {3, medium::cpu}}));
+  EXPECT_EQ(idx.info(h).fingerprint, fingerprint_of(idx.blocks().blocks_of(h)))
+    << "kept up to date as blocks come and go";
+  EXPECT_NE(idx.info(h).fingerprint, fingerprint_of(first));
   EXPECT_EQ(idx.apply({"r0", 0, 2, false, parity_state::verified, &first, nullptr}, now),
             apply_outcome::stale_epoch);
   EXPECT_EQ(idx.blocks().count(h), 2u) << "a stale change changes nothing";
