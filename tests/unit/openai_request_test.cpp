@@ -1,0 +1,134 @@
+// Reading OpenAI-style requests for routing: the /tokenize body that gives
+// the engine's own tokens, the tier-1 text, and every kind of bad body.
+#include "wire/openai_request.hpp"
+
+#include <boost/json.hpp>
+#include <gtest/gtest.h>
+
+using namespace llmgw::wire;
+namespace json = boost::json;
+
+namespace {
+
+routing_request parse_ok(const std::string& body, request_kind kind) {
+  auto r = parse_routing_request(body, kind);
+  EXPECT_TRUE(r) << (r ? "" : r.err().message);
+  return r ? *r : routing_request{};
+}
+
+std::string parse_error(const std::string& body, request_kind kind) {
+  auto r = parse_routing_request(body, kind);
+  EXPECT_FALSE(r) << "expected an error for " << body;
+  return r ? std::string{} : r.err().message;
+}
+
+} // namespace
+
+TEST(openai_request, a_completion_is_tokenized_with_special_tokens) {
+  auto r = parse_ok(R"({"model": "llama", "prompt": "Hello there", "max_tokens": 5,
+                       "cache_salt": "tenant-7", "stream": true})",
+                    request_kind::completion);
+  EXPECT_EQ(r.model, "llama");
+  EXPECT_TRUE(r.stream);
+  EXPECT_EQ(r.cache_salt, std::optional<std::string>("tenant-7"));
+  EXPECT_EQ(r.text, "Hello there");
+  EXPECT_FALSE(r.token_ids);
+  EXPECT_EQ(json::parse(r.tokenize_body),
+            json::parse(R"({"model":"llama","prompt":"Hello there","add_special_tokens":true})"));
+}
+
+TEST(openai_request, a_prompt_of_token_ids_needs_no_tokenizer) {
+  auto r = parse_ok(R"({"model": "llama", "prompt": [1, 2, 3]})", request_kind::completion);
+  ASSERT_TRUE(r.token_ids);
+  EXPECT_EQ(*r.token_ids, (std::vector<std::uint32_t>{1, 2, 3}));
+  EXPECT_TRUE(r.tokenize_body.empty());
+  EXPECT_EQ(r.text.size(), 12u) << "the ids' bytes stand in for text in tier 1";
+  auto batch = parse_ok(R"({"model": "m", "prompt": [[7, 8], [9]]})", request_kind::completion);
+  EXPECT_EQ(*batch.token_ids, (std::vector<std::uint32_t>{7, 8})) << "a batch goes by its first";
+  auto texts =
+    parse_ok(R"({"model": "m", "prompt": ["first", "second"]})", request_kind::completion);
+  EXPECT_EQ(texts.text, "first");
+}
+
+TEST(openai_request, a_chat_passes_its_template_options_to_tokenize) {
+  auto r = parse_ok(R"({"model": "llama", "messages": [
+                         {"role": "system", "content": "You are terse."},
+                         {"role": "user", "content": [{"type": "text", "text": "Hi"},
+                                                      {"type": "image_url", "image_url": {"url": "x"}}]}],
+                       "tools": [{"type": "function", "function": {"name": "f"}}],
+                       "chat_template_kwargs": {"enable_thinking": false},
+                       "temperature": 0.2})",
+                    request_kind::chat);
+  auto tok = json::parse(r.tokenize_body).as_object();
+  EXPECT_EQ(tok.at("add_generation_prompt"), true);
+  EXPECT_EQ(tok.at("add_special_tokens"), false);
+  EXPECT_EQ(tok.at("messages").as_array().size(), 2u);
+  EXPECT_TRUE(tok.contains("tools"));
+  EXPECT_EQ(tok.at("chat_template_kwargs").at("enable_thinking"), false);
+  EXPECT_FALSE(tok.contains("temperature")) << "sampling options do not change the tokens";
+  EXPECT_EQ(r.text.rfind("system\x1fYou are terse.\x1duser\x1fHi\x1e", 0), 0u) << r.text;
+  auto cont = parse_ok(R"({"model": "m", "messages": [{"role": "assistant", "content": "x"}],
+                          "add_generation_prompt": false, "continue_final_message": true})",
+                       request_kind::chat);
+  auto tok2 = json::parse(cont.tokenize_body).as_object();
+  EXPECT_EQ(tok2.at("add_generation_prompt"), false);
+  EXPECT_EQ(tok2.at("continue_final_message"), true);
+}
+
+TEST(openai_request, equal_conversations_give_equal_prefixes) {
+  auto a = parse_ok(R"({"model": "m", "messages": [{"role": "user", "content": "one"}]})",
+                    request_kind::chat);
+  auto b = parse_ok(R"({"model": "m", "messages": [{"role": "user", "content": "one"},
+                          {"role": "assistant", "content": "two"}]})",
+                    request_kind::chat);
+  EXPECT_EQ(b.text.rfind(a.text, 0), 0u) << "a later turn extends the earlier text";
+}
+
+TEST(openai_request, bad_bodies_say_what_is_wrong) {
+  EXPECT_EQ(parse_error("{", request_kind::completion).rfind("the body is not JSON", 0), 0u);
+  EXPECT_EQ(parse_error("[]", request_kind::completion), "the body must be a JSON object");
+  EXPECT_EQ(parse_error(R"({"prompt": "x"})", request_kind::completion),
+            "'model' must be a non-empty string");
+  EXPECT_EQ(parse_error(R"({"model": "m"})", request_kind::completion), "'prompt' is missing");
+  EXPECT_EQ(parse_error(R"({"model": "m", "prompt": 5})", request_kind::completion),
+            "prompt must be a string, an array of token ids, or a list of those");
+  EXPECT_EQ(parse_error(R"({"model": "m", "prompt": [1, -2]})", request_kind::completion),
+            "prompt[1] must be a token id (0..4294967295), not -2");
+  EXPECT_EQ(
+    parse_error(R"({"model": "m", "prompt": [[1, 99999999999]]})", request_kind::completion),
+    "prompt[0][1] must be a token id (0..4294967295), not 99999999999");
+  EXPECT_EQ(
+    parse_error(R"({"model": "m", "prompt": "x", "stream": "yes"})", request_kind::completion),
+    "'stream' must be true or false");
+  EXPECT_EQ(
+    parse_error(R"({"model": "m", "prompt": "x", "cache_salt": 3})", request_kind::completion),
+    "'cache_salt' must be a string");
+  EXPECT_EQ(parse_error(R"({"model": "m", "messages": []})", request_kind::chat),
+            "'messages' must be a non-empty array");
+  EXPECT_EQ(parse_error(R"({"model": "m", "messages": [{"content": "x"}]})", request_kind::chat),
+            "messages[0].role must be a string");
+  EXPECT_EQ(parse_error(R"({"model": "m", "messages": [{"role": "user", "content": 4}]})",
+                        request_kind::chat),
+            "messages[0].content must be a string or an array of parts");
+  std::string deep(200, '[');
+  EXPECT_EQ(parse_error(R"({"model": "m", "prompt": )" + deep, request_kind::completion)
+              .rfind("the body is not JSON", 0),
+            0u);
+}
+
+TEST(openai_request, tokenize_answers) {
+  auto t = parse_tokenize_response(R"({"count": 3, "max_model_len": 8192, "tokens": [1, 15, 7],
+                                       "token_strs": null})");
+  ASSERT_TRUE(t);
+  EXPECT_EQ(*t, (std::vector<std::uint32_t>{1, 15, 7}));
+  EXPECT_FALSE(parse_tokenize_response(R"({"count": 3})"));
+  EXPECT_FALSE(parse_tokenize_response(R"({"tokens": [1, "a"]})"));
+  EXPECT_FALSE(parse_tokenize_response("<html>"));
+}
+
+TEST(openai_request, errors_are_openai_shaped) {
+  auto e = json::parse(openai_error_json("no replica serves model 'x'", "NotFoundError", 404));
+  EXPECT_EQ(e.at("error").at("message"), "no replica serves model 'x'");
+  EXPECT_EQ(e.at("error").at("type"), "NotFoundError");
+  EXPECT_EQ(e.at("error").at("code"), 404);
+}

@@ -1,0 +1,197 @@
+#include "wire/openai_request.hpp"
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+namespace llmgw::wire {
+
+namespace json = boost::json;
+
+namespace {
+
+error bad(errc code, std::string message) {
+  return error{code, std::move(message)};
+}
+
+/// A token id, or an error naming where it was.
+result<std::uint32_t> token_of(const json::value& v, const std::string& where) {
+  if (v.is_uint64() && v.as_uint64() <= UINT32_MAX)
+    return static_cast<std::uint32_t>(v.as_uint64());
+  if (v.is_int64() && v.as_int64() >= 0 && v.as_int64() <= UINT32_MAX)
+    return static_cast<std::uint32_t>(v.as_int64());
+  return bad(errc::bad_value, fmt::format("{} must be a token id (0..4294967295), not {}", where,
+                                          json::serialize(v)));
+}
+
+result<std::vector<std::uint32_t>> tokens_of(const json::array& a, const std::string& where,
+                                             const request_limits& limits) {
+  if (a.size() > limits.max_prompt_tokens)
+    return bad(errc::bad_length, fmt::format("{} has {} tokens, more than the {} allowed", where,
+                                             a.size(), limits.max_prompt_tokens));
+  std::vector<std::uint32_t> out;
+  out.reserve(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    auto t = token_of(a[i], fmt::format("{}[{}]", where, i));
+    if (!t)
+      return t.err();
+    out.push_back(*t);
+  }
+  return out;
+}
+
+/// The text of a chat message's content: a string, or the text parts of an
+/// array (other parts as their JSON, so different images differ).
+result<std::string> content_text(const json::value& content, std::size_t index) {
+  if (content.is_string())
+    return std::string(content.as_string());
+  if (content.is_null())
+    return std::string{};
+  if (!content.is_array())
+    return bad(errc::bad_type,
+               fmt::format("messages[{}].content must be a string or an array of parts", index));
+  std::string out;
+  for (const auto& part : content.as_array()) {
+    const auto* obj = part.if_object();
+    const json::value* text = obj ? obj->if_contains("text") : nullptr;
+    if (text && text->is_string())
+      out += std::string(text->as_string());
+    else
+      out += json::serialize(part);
+    out += '\x1e';
+  }
+  return out;
+}
+
+result<std::string> optional_string(const json::object& o, const char* key) {
+  const auto* v = o.if_contains(key);
+  if (!v || v->is_null())
+    return std::string{};
+  if (!v->is_string())
+    return bad(errc::bad_type, fmt::format("'{}' must be a string", key));
+  return std::string(v->as_string());
+}
+
+} // namespace
+
+result<routing_request> parse_routing_request(std::string_view body, request_kind kind,
+                                              const request_limits& limits) {
+  json::parse_options po;
+  po.max_depth = 64;
+  boost::system::error_code ec;
+  auto doc = json::parse(body, ec, {}, po);
+  if (ec)
+    return bad(errc::bad_type, "the body is not JSON: " + ec.message());
+  if (!doc.is_object())
+    return bad(errc::bad_type, "the body must be a JSON object");
+  const auto& o = doc.as_object();
+  routing_request r;
+  r.kind = kind;
+  const auto* model = o.if_contains("model");
+  if (!model || !model->is_string() || model->as_string().empty())
+    return bad(errc::bad_value, "'model' must be a non-empty string");
+  r.model = std::string(model->as_string());
+  if (const auto* s = o.if_contains("stream")) {
+    if (!s->is_bool() && !s->is_null())
+      return bad(errc::bad_type, "'stream' must be true or false");
+    r.stream = s->is_bool() && s->as_bool();
+  }
+  auto salt = optional_string(o, "cache_salt");
+  if (!salt)
+    return salt.err();
+  if (!salt->empty())
+    r.cache_salt = *salt;
+  json::object tok;
+  tok["model"] = r.model;
+  if (kind == request_kind::completion) {
+    const auto* prompt = o.if_contains("prompt");
+    if (!prompt)
+      return bad(errc::bad_value, "'prompt' is missing");
+    const json::value* first = prompt;
+    std::string where = "prompt";
+    // A list of prompts is a batch: the first one decides where it goes.
+    if (prompt->is_array() && !prompt->as_array().empty()
+        && (prompt->as_array()[0].is_string() || prompt->as_array()[0].is_array())) {
+      first = &prompt->as_array()[0];
+      where = "prompt[0]";
+    }
+    if (first->is_string()) {
+      r.text = std::string(first->as_string());
+      tok["prompt"] = r.text;
+      tok["add_special_tokens"] = true;
+      if (const auto* add = o.if_contains("add_special_tokens"); add && add->is_bool())
+        tok["add_special_tokens"] = add->as_bool();
+    } else if (first->is_array()) {
+      auto ids = tokens_of(first->as_array(), where, limits);
+      if (!ids)
+        return ids.err();
+      if (ids->empty())
+        return bad(errc::bad_value, where + " is empty");
+      // Tier 1 still needs text: the ids as bytes keep equal prefixes equal.
+      r.text.assign(reinterpret_cast<const char*>(ids->data()), ids->size() * 4);
+      r.token_ids = std::move(*ids);
+    } else {
+      return bad(errc::bad_type,
+                 where + " must be a string, an array of token ids, or a list of those");
+    }
+  } else {
+    const auto* messages = o.if_contains("messages");
+    if (!messages || !messages->is_array() || messages->as_array().empty())
+      return bad(errc::bad_value, "'messages' must be a non-empty array");
+    const auto& ms = messages->as_array();
+    if (ms.size() > limits.max_messages)
+      return bad(errc::bad_length, fmt::format("'messages' has {} entries, more than the {} "
+                                               "allowed",
+                                               ms.size(), limits.max_messages));
+    for (std::size_t i = 0; i < ms.size(); ++i) {
+      const auto* m = ms[i].if_object();
+      if (!m)
+        return bad(errc::bad_type, fmt::format("messages[{}] must be an object", i));
+      const auto* role = m->if_contains("role");
+      if (!role || !role->is_string())
+        return bad(errc::bad_value, fmt::format("messages[{}].role must be a string", i));
+      const auto* content = m->if_contains("content");
+      auto text = content ? content_text(*content, i) : result<std::string>(std::string{});
+      if (!text)
+        return text.err();
+      r.text += std::string(role->as_string());
+      r.text += '\x1f';
+      r.text += *text;
+      r.text += '\x1d';
+    }
+    tok["messages"] = *messages;
+    tok["add_generation_prompt"] = true;
+    tok["add_special_tokens"] = false;
+    // The template options change the tokens: pass them as the request has them.
+    for (const char* key : {"add_generation_prompt", "add_special_tokens", "continue_final_message",
+                            "tools", "chat_template", "chat_template_kwargs", "documents"})
+      if (const auto* v = o.if_contains(key); v && !v->is_null())
+        tok[key] = *v;
+  }
+  if (!r.token_ids)
+    r.tokenize_body = json::serialize(tok);
+  return r;
+}
+
+result<std::vector<std::uint32_t>> parse_tokenize_response(std::string_view body) {
+  boost::system::error_code ec;
+  auto doc = json::parse(body, ec);
+  if (ec)
+    return bad(errc::bad_type, "the /tokenize answer is not JSON: " + ec.message());
+  const auto* o = doc.if_object();
+  const auto* tokens = o ? o->if_contains("tokens") : nullptr;
+  if (!tokens || !tokens->is_array())
+    return bad(errc::bad_value, "the /tokenize answer has no 'tokens' array");
+  return tokens_of(tokens->as_array(), "tokens", request_limits{});
+}
+
+std::string openai_error_json(const std::string& message, const std::string& type, int code) {
+  json::object err;
+  err["message"] = message;
+  err["type"] = type;
+  err["code"] = code;
+  json::object o;
+  o["error"] = std::move(err);
+  return json::serialize(o);
+}
+
+} // namespace llmgw::wire

@@ -1,0 +1,60 @@
+// OpenAI-style requests as the router needs them, and vLLM's /tokenize.
+//
+// From a /v1/completions or /v1/chat/completions body the router needs the
+// model, what to tokenize (and how, so the tokens equal what the engine will
+// hash), the text for tier 1, and the request's cache salt. A completion
+// prompt may already be token ids; then no tokenization is needed.
+//
+// /tokenize bodies (shared/notes/vllm-kv-events.md):
+//   completion: {"model", "prompt", "add_special_tokens": true}
+//   chat:       {"model", "messages", "add_generation_prompt",
+//                "add_special_tokens": false, and the template options the
+//                request carries: tools, chat_template, chat_template_kwargs,
+//                continue_final_message, documents}
+// Answer: {"count", "max_model_len", "tokens": [...], "token_strs"}.
+#pragma once
+
+#include "wire/result.hpp"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace llmgw::wire {
+
+/// Which endpoint a request is for.
+enum class request_kind : std::uint8_t { completion, chat };
+
+/// What routing needs of one request.
+struct routing_request {
+  request_kind kind = request_kind::completion;
+  std::string model;
+  bool stream = false;
+  std::optional<std::string> cache_salt;
+  /// Token ids given in the request itself (a completion prompt of ids).
+  std::optional<std::vector<std::uint32_t>> token_ids;
+  /// The /tokenize body that yields the engine's tokens (empty with token_ids).
+  std::string tokenize_body;
+  /// The prompt as text, for tier 1 (chat: roles and contents, delimited).
+  std::string text;
+};
+
+/// Bounds on what a request may contain.
+struct request_limits {
+  std::size_t max_messages = 4096;
+  std::size_t max_prompt_tokens = 1u << 20;
+};
+
+/// Reads a request body for `kind`. Errors say which field is wrong.
+result<routing_request> parse_routing_request(std::string_view body, request_kind kind,
+                                              const request_limits& limits = {});
+
+/// Reads a /tokenize answer's token ids.
+result<std::vector<std::uint32_t>> parse_tokenize_response(std::string_view body);
+
+/// An OpenAI-style error body: {"error": {"message", "type", "code"}}.
+std::string openai_error_json(const std::string& message, const std::string& type, int code);
+
+} // namespace llmgw::wire
