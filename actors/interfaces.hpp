@@ -31,6 +31,8 @@ using done_atom = caf::atom_constant<caf::atom("done")>;
 using mark_down_atom = caf::atom_constant<caf::atom("mark_down")>;
 using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
 using kv_atom = caf::atom_constant<caf::atom("kv")>;
+using tokenize_atom = caf::atom_constant<caf::atom("tokenize")>;
+using tokenized_atom = caf::atom_constant<caf::atom("tokenized")>;
 
 /// The only owner of one engine's block table.
 using mirror_actor = caf::typed_actor<
@@ -95,5 +97,12 @@ using router_actor = caf::typed_actor<
   caf::replies_to<metrics_atom>::with<std::string>,
   // JSON of what the index holds per replica (/v1/kv/replicas).
   caf::replies_to<kv_atom>::with<std::string>>;
+
+/// Tokenizes prompts through the engines' /tokenize, with a cache.
+using tokenizer_actor = caf::typed_actor<
+  // Tokens for a /tokenize body (wire::openai_request) of a model.
+  caf::replies_to<tokenize_atom, std::string, std::string>::with<tokenize_reply>,
+  // Internal: the HTTP client's answer for request N.
+  caf::reacts_to<tokenized_atom, std::uint64_t, tokenize_reply>>;
 
 } // namespace llmgw

@@ -9,12 +9,23 @@
 #include <caf/allowed_unsafe_message_type.hpp>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace llmgw {
 
 /// A decoded batch, shared read-only between the subscriber and its mirror.
 using batch_ptr = std::shared_ptr<const wire::event_batch>;
+
+/// What a tokenization gave: the tokens, or why there are none.
+struct tokenize_reply {
+  bool ok = false;
+  std::vector<std::uint32_t> tokens;
+  std::string error;
+  std::string replica; ///< whose /tokenize answered
+  double seconds = 0;  ///< time the HTTP call took (0 from the cache)
+  bool cached = false;
+};
 
 /// Several decoded batches in seq order, as one message.
 using batch_list = std::shared_ptr<const std::vector<wire::event_batch>>;
@@ -27,3 +38,4 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmgw::batch_list)
 // passed as values, never serialized.
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmgw::wire::route_query)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmgw::wire::route_decision)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmgw::tokenize_reply)

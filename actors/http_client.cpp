@@ -1,0 +1,144 @@
+#include "actors/http_client.hpp"
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include <thread>
+#include <vector>
+
+namespace llmgw {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+
+bool split_http_url(const std::string& url, std::string& host, std::string& port) {
+  if (url.rfind("http://", 0) != 0)
+    return false;
+  auto rest = url.substr(7);
+  while (!rest.empty() && rest.back() == '/')
+    rest.pop_back();
+  auto colon = rest.rfind(':');
+  if (colon == std::string::npos || colon == 0 || rest.find('/') != std::string::npos)
+    return false;
+  host = rest.substr(0, colon);
+  port = rest.substr(colon + 1);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  return !port.empty();
+}
+
+namespace {
+
+/// One request: resolve, connect, write, read, each bounded by the deadline.
+class exchange : public std::enable_shared_from_this<exchange> {
+public:
+  exchange(asio::io_context& io, std::string host, std::string port, std::string target,
+           std::string body, std::chrono::milliseconds timeout,
+           std::function<void(http_response)> done)
+    : resolver_(asio::make_strand(io)), stream_(resolver_.get_executor()), host_(std::move(host)),
+      port_(std::move(port)), timeout_(timeout), done_(std::move(done)) {
+    req_.method(http::verb::post);
+    req_.target(target);
+    req_.version(11);
+    req_.set(http::field::host, host_ + ":" + port_);
+    req_.set(http::field::content_type, "application/json");
+    req_.set(http::field::user_agent, "llmgw");
+    req_.body() = std::move(body);
+    req_.prepare_payload();
+  }
+
+  void start() {
+    auto self = shared_from_this();
+    stream_.expires_after(timeout_);
+    resolver_.async_resolve(
+      host_, port_, [self](beast::error_code ec, tcp::resolver::results_type results) {
+        if (ec)
+          return self->fail("resolve", ec);
+        self->stream_.async_connect(results, [self](beast::error_code ec2, const tcp::endpoint&) {
+          if (ec2)
+            return self->fail("connect", ec2);
+          self->write();
+        });
+      });
+  }
+
+private:
+  void write() {
+    auto self = shared_from_this();
+    http::async_write(stream_, req_, [self](beast::error_code ec, std::size_t) {
+      if (ec)
+        return self->fail("write", ec);
+      self->parser_.body_limit(64u << 20);
+      http::async_read(self->stream_, self->buffer_, self->parser_,
+                       [self](beast::error_code ec2, std::size_t) {
+                         if (ec2)
+                           return self->fail("read", ec2);
+                         http_response r;
+                         r.status = static_cast<int>(self->parser_.get().result_int());
+                         r.body = std::move(self->parser_.get().body());
+                         beast::error_code ignored;
+                         self->stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+                         self->done_(std::move(r));
+                       });
+    });
+  }
+
+  void fail(const char* what, const beast::error_code& ec) {
+    http_response r;
+    r.error = ec == beast::error::timeout ? std::string(what) + ": timed out"
+                                          : std::string(what) + ": " + ec.message();
+    done_(std::move(r));
+  }
+
+  tcp::resolver resolver_;
+  beast::tcp_stream stream_;
+  std::string host_;
+  std::string port_;
+  std::chrono::milliseconds timeout_;
+  std::function<void(http_response)> done_;
+  http::request<http::string_body> req_;
+  beast::flat_buffer buffer_;
+  http::response_parser<http::string_body> parser_;
+};
+
+} // namespace
+
+struct http_client::impl {
+  asio::io_context io;
+  asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
+  std::vector<std::thread> threads;
+};
+
+http_client::http_client(std::size_t threads) : impl_(std::make_unique<impl>()) {
+  for (std::size_t i = 0; i < std::max<std::size_t>(threads, 1); ++i)
+    impl_->threads.emplace_back([io = &impl_->io] { io->run(); });
+}
+
+http_client::~http_client() {
+  impl_->work.reset();
+  impl_->io.stop();
+  for (auto& t : impl_->threads)
+    t.join();
+}
+
+void http_client::post_json(const std::string& base_url, const std::string& target,
+                            std::string body, std::chrono::milliseconds timeout,
+                            std::function<void(http_response)> done) {
+  std::string host, port;
+  if (!split_http_url(base_url, host, port)) {
+    done(http_response{0, {}, "not an http://HOST:PORT URL: " + base_url});
+    return;
+  }
+  std::make_shared<exchange>(impl_->io, std::move(host), std::move(port), target, std::move(body),
+                             timeout, std::move(done))
+    ->start();
+}
+
+} // namespace llmgw

@@ -1,0 +1,41 @@
+// A small asynchronous HTTP/1.1 client on Boost.Beast, run on its own
+// io_context threads: the router's tokenizer (and the gateway) call engines
+// with it without blocking an actor. Each request has a deadline covering
+// connect, write and read; the callback runs on one of the client's threads.
+// Beast stays out of this header (compile time on two cores).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace llmgw {
+
+/// An HTTP answer, or why there is none (status 0).
+struct http_response {
+  int status = 0;
+  std::string body;
+  std::string error; ///< set when status is 0: connect, write or read failed, or timed out
+};
+
+/// "http://HOST:PORT" split; false if `url` is not of that form.
+bool split_http_url(const std::string& url, std::string& host, std::string& port);
+
+class http_client {
+public:
+  explicit http_client(std::size_t threads = 1);
+  ~http_client();
+  http_client(const http_client&) = delete;
+  http_client& operator=(const http_client&) = delete;
+
+  /// POSTs `body` (JSON) to `base_url` + `target`; `done` gets the answer.
+  void post_json(const std::string& base_url, const std::string& target, std::string body,
+                 std::chrono::milliseconds timeout, std::function<void(http_response)> done);
+
+private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+} // namespace llmgw

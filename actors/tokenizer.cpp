@@ -1,0 +1,147 @@
+#include "actors/tokenizer.hpp"
+
+#include "wire/log.hpp"
+#include "wire/openai_request.hpp"
+
+#include <caf/actor_cast.hpp>
+#include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include <xxhash.h>
+
+#include <algorithm>
+
+namespace llmgw {
+
+namespace {
+
+using self_ptr = tokenizer_actor::stateful_pointer<tokenizer_state>;
+
+std::uint64_t cache_key(const std::string& model, const std::string& body) {
+  auto h = XXH3_64bits_withSeed(model.data(), model.size(), 0x746f6b);
+  return XXH3_64bits_withSeed(body.data(), body.size(), h);
+}
+
+/// The replica to ask next for `model`: the next one in turn that is not
+/// marked bad; any one of the model's if all are.
+const tokenizer_state::replica* pick(tokenizer_state& st, const std::string& model) {
+  auto now = std::chrono::steady_clock::now();
+  const tokenizer_state::replica* fallback = nullptr;
+  auto n = st.replicas.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    auto& r = st.replicas[(st.turn + i) % n];
+    bool serves = r.model == model || std::count(r.lora.begin(), r.lora.end(), model) > 0;
+    if (!serves)
+      continue;
+    if (r.bad_until <= now) {
+      st.turn = (st.turn + i + 1) % n;
+      return &r;
+    }
+    if (!fallback)
+      fallback = &r;
+  }
+  return fallback;
+}
+
+void remember(tokenizer_state& st, std::uint64_t key, const std::vector<std::uint32_t>& tokens) {
+  if (st.cache_capacity == 0 || st.cache.count(key))
+    return;
+  st.lru.push_front(key);
+  st.cache[key] = {tokens, st.lru.begin()};
+  if (st.cache.size() > st.cache_capacity) {
+    st.cache.erase(st.lru.back());
+    st.lru.pop_back();
+  }
+}
+
+} // namespace
+
+tokenizer_actor::behavior_type tokenizer(tokenizer_actor::stateful_pointer<tokenizer_state> self,
+                                         wire::topology topo) {
+  auto& st = self->state;
+  for (const auto& n : topo.nodes)
+    for (const auto& e : n.engines)
+      st.replicas.push_back({e.replica, e.model, e.lora, e.url, {}});
+  st.timeout = topo.router.tokenize_timeout;
+  st.cache_capacity = topo.router.tokenize_cache_entries;
+  st.http = std::make_unique<http_client>(1);
+  return {
+    [self](tokenize_atom, const std::string& model,
+           const std::string& body) -> caf::result<tokenize_reply> {
+      auto& st = self->state;
+      auto key = cache_key(model, body);
+      if (auto it = st.cache.find(key); it != st.cache.end()) {
+        ++st.hits;
+        st.lru.splice(st.lru.begin(), st.lru, it->second.lru);
+        tokenize_reply r;
+        r.ok = true;
+        r.tokens = it->second.tokens;
+        r.cached = true;
+        return r;
+      }
+      ++st.misses;
+      const auto* replica = pick(st, model);
+      if (!replica) {
+        tokenize_reply r;
+        r.error = "no replica serves model '" + model + "'";
+        return r;
+      }
+      auto id = ++st.next_id;
+      auto rp = self->make_response_promise<tokenize_reply>();
+      st.pending.emplace(id, std::make_pair(rp, key));
+      auto start = std::chrono::steady_clock::now();
+      // A weak address: the callbacks live in the HTTP client, which the
+      // actor's own state owns; a strong handle there would keep the actor
+      // alive from inside itself.
+      auto me = self->address();
+      auto name = replica->name;
+      st.http->post_json(
+        replica->url, "/tokenize", body, st.timeout, [me, id, start, name](http_response resp) {
+          tokenize_reply r;
+          r.replica = name;
+          r.seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          if (resp.status == 200) {
+            auto tokens = wire::parse_tokenize_response(resp.body);
+            if (tokens) {
+              r.ok = true;
+              r.tokens = std::move(*tokens);
+            } else {
+              r.error = tokens.err().message;
+            }
+          } else if (resp.status != 0) {
+            r.error =
+              "/tokenize answered " + std::to_string(resp.status) + ": " + resp.body.substr(0, 200);
+          } else {
+            r.error = resp.error;
+          }
+          if (auto handle = caf::actor_cast<tokenizer_actor>(me))
+            caf::anon_send(handle, tokenized_atom::value, id, std::move(r));
+        });
+      return rp;
+    },
+    [self](tokenized_atom, std::uint64_t id, tokenize_reply& r) {
+      auto& st = self->state;
+      auto it = st.pending.find(id);
+      if (it == st.pending.end())
+        return;
+      auto [rp, key] = it->second;
+      st.pending.erase(it);
+      if (r.ok) {
+        remember(st, key, r.tokens);
+      } else {
+        for (auto& rep : st.replicas)
+          if (rep.name == r.replica)
+            rep.bad_until = std::chrono::steady_clock::now() + st.bad_for;
+        LLMGW_LOG(warning, "tokenizer",
+                  "replica {}: {} (routing by prefix tree; replica skipped "
+                  "for tokenizing for {} ms)",
+                  r.replica, r.error, st.bad_for.count());
+      }
+      rp.deliver(std::move(r));
+    },
+  };
+}
+
+} // namespace llmgw

@@ -1,0 +1,316 @@
+// The HTTP server and client on loopback, and the tokenizer actor against a
+// stand-in /tokenize: real sockets and threads, every wait bounded.
+#include "actors/http_client.hpp"
+#include "actors/http_server.hpp"
+#include "actors/tokenizer.hpp"
+#include "messages/registration.hpp"
+
+#include <boost/json.hpp>
+#include <caf/all.hpp>
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <future>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <thread>
+#include <unistd.h>
+
+using namespace std::chrono_literals;
+using namespace llmgw;
+
+namespace {
+
+/// Sends raw bytes and reads until the server closes (or 5 s pass).
+std::string raw_exchange(std::uint16_t port, const std::string& bytes,
+                         std::chrono::milliseconds wait = 5000ms) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return "<connect failed>";
+  }
+  timeval tv{static_cast<long>(wait.count() / 1000), static_cast<long>(wait.count() % 1000) * 1000};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  std::size_t sent = 0;
+  while (sent < bytes.size()) {
+    auto n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0)
+      break;
+    sent += static_cast<std::size_t>(n);
+  }
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    auto n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0)
+      break;
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+http_response post(std::uint16_t port, const std::string& target, const std::string& body,
+                   std::chrono::milliseconds timeout = 5000ms) {
+  http_client client;
+  std::promise<http_response> p;
+  client.post_json("http://127.0.0.1:" + std::to_string(port), target, body, timeout,
+                   [&p](http_response r) { p.set_value(std::move(r)); });
+  auto f = p.get_future();
+  EXPECT_EQ(f.wait_for(10s), std::future_status::ready);
+  return f.get();
+}
+
+/// A server that never answers (it keeps the responders, so connections stay
+/// open until it stops).
+struct silent_server {
+  std::mutex mtx;
+  std::vector<http_responder> held;
+  http_server server{"127.0.0.1", 0, 1, http_server_limits{},
+                     [this](http_request&&, http_responder respond) {
+                       std::lock_guard<std::mutex> g(mtx);
+                       held.push_back(std::move(respond));
+                     }};
+  ~silent_server() { server.stop(); }
+};
+
+http_handler echo_handler() {
+  return [](http_request&& req, http_responder respond) {
+    http_reply r;
+    r.body = req.method + " " + req.target + " " + req.body;
+    r.headers.emplace_back("x-seen-agent", req.header("user-agent"));
+    respond(std::move(r));
+  };
+}
+
+} // namespace
+
+TEST(http_server, answers_and_keeps_the_connection_alive) {
+  http_server server("127.0.0.1", 0, 1, {}, echo_handler());
+  ASSERT_NE(server.port(), 0) << server.error();
+  auto two = raw_exchange(server.port(), "GET /a HTTP/1.1\r\nHost: x\r\n\r\n"
+                                         "POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n"
+                                         "Connection: close\r\n\r\nxyz");
+  EXPECT_NE(two.find("GET /a "), std::string::npos) << two;
+  EXPECT_NE(two.find("POST /b xyz"), std::string::npos) << "two requests on one connection";
+  auto r = post(server.port(), "/tokenize", "{}");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, "POST /tokenize {}");
+  EXPECT_EQ(server.counters().requests.load(), 3u);
+}
+
+TEST(http_server, an_answer_may_come_later_from_another_thread) {
+  std::vector<std::thread> workers;
+  std::mutex mtx;
+  http_server server("127.0.0.1", 0, 1, {}, [&](http_request&&, http_responder respond) {
+    std::lock_guard<std::mutex> g(mtx);
+    workers.emplace_back([respond] {
+      std::this_thread::sleep_for(50ms);
+      respond(http_reply{202, "text/plain", "later", {}});
+      respond(http_reply{500, "text/plain", "twice", {}}); // ignored: one answer only
+    });
+  });
+  auto r = post(server.port(), "/", "");
+  EXPECT_EQ(r.status, 202);
+  EXPECT_EQ(r.body, "later");
+  for (auto& w : workers)
+    w.join();
+}
+
+TEST(http_server, hostile_requests_are_bounded_and_counted) {
+  http_server_limits limits;
+  limits.max_body_bytes = 100;
+  limits.max_header_bytes = 256;
+  limits.idle_timeout = 300ms;
+  limits.read_timeout = 300ms;
+  http_server server("127.0.0.1", 0, 1, limits, echo_handler());
+  auto big = raw_exchange(server.port(), "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 101\r\n\r\n"
+                                           + std::string(101, 'b'));
+  EXPECT_EQ(big.rfind("HTTP/1.1 413", 0), 0u) << big;
+  EXPECT_NE(big.find("exceeds 100 bytes"), std::string::npos);
+  auto headers = raw_exchange(
+    server.port(), "GET / HTTP/1.1\r\nHost: x\r\nX-Pad: " + std::string(400, 'h') + "\r\n\r\n");
+  EXPECT_EQ(headers.rfind("HTTP/1.1 431", 0), 0u) << headers;
+  auto garbage = raw_exchange(server.port(), "HELLO THERE\r\n\r\n");
+  EXPECT_EQ(garbage.rfind("HTTP/1.1 400", 0), 0u) << garbage;
+  auto start = std::chrono::steady_clock::now();
+  auto slow = raw_exchange(server.port(), "GET / HTTP/1.1\r\nHost: x\r\n"); // never finished
+  EXPECT_TRUE(slow.empty()) << slow;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s) << "closed by the deadline";
+  EXPECT_EQ(server.counters().too_large.load(), 2u);
+  EXPECT_EQ(server.counters().bad_requests.load(), 1u);
+  // Beast closes a timed-out socket before its handler runs (and counts):
+  // the client can see the close first.
+  for (int i = 0; i < 100 && server.counters().timeouts.load() == 0; ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(server.counters().timeouts.load(), 1u);
+  auto ok = post(server.port(), "/", "fine");
+  EXPECT_EQ(ok.status, 200) << "the server still serves";
+}
+
+TEST(http_server, connections_over_the_cap_are_turned_away) {
+  http_server_limits limits;
+  limits.max_connections = 1;
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  http_server server("127.0.0.1", 0, 2, limits, [released](http_request&&, http_responder respond) {
+    std::thread([released, respond] {
+      released.wait_for(5s);
+      respond(http_reply{});
+    }).detach();
+  });
+  auto first = std::async(std::launch::async, [&] { return post(server.port(), "/", ""); });
+  std::this_thread::sleep_for(200ms);
+  auto second = post(server.port(), "/", "");
+  EXPECT_EQ(second.status, 503);
+  release.set_value();
+  EXPECT_EQ(first.get().status, 200);
+  EXPECT_EQ(server.counters().rejected_connections.load(), 1u);
+}
+
+TEST(http_server, a_port_in_use_is_an_error) {
+  http_server a("127.0.0.1", 0, 1, {}, echo_handler());
+  http_server b("127.0.0.1", a.port(), 1, {}, echo_handler());
+  EXPECT_EQ(b.port(), 0);
+  EXPECT_NE(b.error().find("cannot listen on 127.0.0.1:"), std::string::npos) << b.error();
+  http_server c("not-an-ip", 0, 1, {}, echo_handler());
+  EXPECT_NE(c.error().find("is not an IP address"), std::string::npos);
+}
+
+TEST(http_client, errors_and_deadlines) {
+  auto refused = post(1, "/", ""); // nothing listens on port 1
+  EXPECT_EQ(refused.status, 0);
+  EXPECT_EQ(refused.error.rfind("connect: ", 0), 0u) << refused.error;
+  silent_server silent;
+  auto start = std::chrono::steady_clock::now();
+  auto slow = post(silent.server.port(), "/", "", 200ms);
+  EXPECT_EQ(slow.error, "read: timed out");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+  std::string host, port;
+  EXPECT_TRUE(split_http_url("http://10.0.0.1:8000/", host, port));
+  EXPECT_EQ(host, "10.0.0.1");
+  EXPECT_EQ(port, "8000");
+  EXPECT_FALSE(split_http_url("https://x:1", host, port));
+  EXPECT_FALSE(split_http_url("http://x:1/v1", host, port));
+}
+
+namespace {
+
+struct actor_config : caf::actor_system_config {
+  actor_config() {
+    register_message_types(*this);
+    set("scheduler.max-threads", 2);
+  }
+};
+
+/// A stand-in engine's /tokenize: one token per character, counting calls.
+struct fake_tokenize {
+  std::atomic<int> calls{0};
+  std::atomic<bool> broken{false};
+  std::unique_ptr<http_server> server;
+  fake_tokenize() {
+    server = std::make_unique<http_server>(
+      "127.0.0.1", 0, 1, http_server_limits{}, [this](http_request&& req, http_responder respond) {
+        ++calls;
+        if (broken) {
+          respond(http_reply{500, "text/plain", "engine on fire", {}});
+          return;
+        }
+        auto body = boost::json::parse(req.body).as_object();
+        boost::json::array tokens;
+        for (char c : std::string(body.at("prompt").as_string()))
+          tokens.push_back(static_cast<unsigned char>(c));
+        boost::json::object out;
+        out["count"] = tokens.size();
+        out["tokens"] = std::move(tokens);
+        respond(http_reply{200, "application/json", boost::json::serialize(out), {}});
+      });
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(server->port()); }
+};
+
+wire::topology two_engines(const std::string& url0, const std::string& url1) {
+  wire::topology t;
+  wire::node_spec n;
+  n.name = "agent-a";
+  for (int i = 0; i < 2; ++i) {
+    wire::engine_spec e;
+    e.replica = "r" + std::to_string(i);
+    e.model = "m";
+    e.url = i == 0 ? url0 : url1;
+    n.engines.push_back(e);
+  }
+  t.nodes.push_back(n);
+  t.router.tokenize_timeout = 300ms;
+  t.router.tokenize_cache_entries = 2;
+  return t;
+}
+
+tokenize_reply ask(caf::actor_system& sys, const tokenizer_actor& tok, const std::string& prompt) {
+  caf::scoped_actor self{sys};
+  tokenize_reply out;
+  auto body = R"({"model":"m","prompt":")" + prompt + R"(","add_special_tokens":true})";
+  self->request(tok, 10s, tokenize_atom::value, std::string("m"), body)
+    .receive([&](tokenize_reply& r) { out = std::move(r); },
+             [&](const caf::error& e) { out.error = sys.render(e); });
+  return out;
+}
+
+} // namespace
+
+TEST(tokenizer, asks_engines_in_turn_and_caches_answers) {
+  fake_tokenize a, b;
+  actor_config cfg;
+  caf::actor_system sys{cfg};
+  auto tok = sys.spawn(tokenizer, two_engines(a.url(), b.url()));
+  auto r = ask(sys, tok, "abc");
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_EQ(r.tokens, (std::vector<std::uint32_t>{'a', 'b', 'c'}));
+  EXPECT_FALSE(r.cached);
+  EXPECT_GT(r.seconds, 0.0);
+  auto again = ask(sys, tok, "abc");
+  EXPECT_TRUE(again.cached);
+  EXPECT_EQ(again.tokens, r.tokens);
+  EXPECT_EQ(a.calls + b.calls, 1) << "the second answer came from the cache";
+  ask(sys, tok, "x");
+  EXPECT_EQ(a.calls.load(), 1);
+  EXPECT_EQ(b.calls.load(), 1) << "replicas take turns";
+  ask(sys, tok, "y");
+  ask(sys, tok, "z"); // capacity 2: "abc" is out by now
+  EXPECT_FALSE(ask(sys, tok, "abc").cached);
+  caf::anon_send_exit(tok, caf::exit_reason::user_shutdown);
+}
+
+TEST(tokenizer, a_failing_engine_is_skipped_for_a_while) {
+  fake_tokenize a, b;
+  a.broken = true;
+  actor_config cfg;
+  caf::actor_system sys{cfg};
+  auto tok = sys.spawn(tokenizer, two_engines(a.url(), b.url()));
+  auto r = ask(sys, tok, "p1");
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.error, "/tokenize answered 500: engine on fire");
+  EXPECT_EQ(r.replica, "r0");
+  for (int i = 0; i < 4; ++i)
+    EXPECT_TRUE(ask(sys, tok, "q" + std::to_string(i)).ok);
+  EXPECT_EQ(a.calls.load(), 1) << "r0 is not asked again while marked bad";
+  caf::anon_send_exit(tok, caf::exit_reason::user_shutdown);
+}
+
+TEST(tokenizer, a_silent_engine_times_out) {
+  silent_server silent;
+  auto url = "http://127.0.0.1:" + std::to_string(silent.server.port());
+  actor_config cfg;
+  caf::actor_system sys{cfg};
+  auto tok = sys.spawn(tokenizer, two_engines(url, url));
+  auto start = std::chrono::steady_clock::now();
+  auto r = ask(sys, tok, "p");
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.error, "read: timed out");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s) << "bounded by tokenize_timeout_ms";
+  caf::anon_send_exit(tok, caf::exit_reason::user_shutdown);
+}
