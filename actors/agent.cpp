@@ -150,7 +150,7 @@ agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg) {
     fo.flush_interval = cfg.flush_interval;
     fo.window = cfg.window;
     auto f = sys.spawn(forwarder, fo, out.mirrors,
-                       middleman_connector(c.host, c.port, std::chrono::seconds(5)));
+                       middleman_connector(c.host, c.port, cfg.connect_timeout));
     out.actors.push_back(caf::actor_cast<caf::actor>(f));
   }
   return out;

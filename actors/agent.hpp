@@ -42,6 +42,7 @@ struct agent_config {
   std::vector<agent_control_config> controls;
   std::chrono::milliseconds flush_interval{250};
   std::uint64_t window = 64;
+  std::chrono::milliseconds connect_timeout{5000};
 };
 
 /// What start_agent made, and what happened per engine.

@@ -8,6 +8,7 @@
 #include <caf/io/middleman.hpp>
 #include <caf/io/middleman_actor.hpp>
 #include <caf/node_id.hpp>
+#include <caf/openssl/manager.hpp>
 #include <caf/send.hpp>
 
 #include <algorithm>
@@ -23,7 +24,11 @@ connect_function middleman_connector(const std::string& host, std::uint16_t port
     auto expected_ifs = sys.message_types<control_actor>();
     // A one-shot actor asks the middleman, so the forwarder never waits.
     sys.spawn([fwd, host, port, timeout, where, expected_ifs](caf::event_based_actor* self) {
-      auto mm = self->system().middleman().actor_handle();
+      // With the OpenSSL module loaded, connections go through its middleman
+      // (mutual TLS); otherwise through the plain one.
+      auto& s = self->system();
+      auto mm =
+        s.has_openssl_manager() ? s.openssl_manager().actor_handle() : s.middleman().actor_handle();
       self->request(mm, timeout, caf::connect_atom::value, host, port)
         .then(
           [fwd, where, expected_ifs](const caf::node_id&, caf::strong_actor_ptr& control,

@@ -2,7 +2,8 @@
 // asynchronous connect through the middleman with a timeout (a blocking
 // remote_actor() waits forever on a hung peer), checked against
 // control_actor's interface, reported back to the forwarder on success.
-// Failures are logged; the forwarder's backoff timer tries again.
+// Failures are logged; the forwarder's backoff timer tries again. When the
+// actor system has CAF's OpenSSL module, the connection is mutual TLS.
 #pragma once
 
 #include "actors/forwarder.hpp"

@@ -24,7 +24,9 @@ struct forwarder_options {
   std::chrono::milliseconds flush_interval{250};
   std::uint64_t window = 64; ///< unacknowledged updates at most
   std::chrono::milliseconds backoff_min{100};
-  std::chrono::milliseconds backoff_max{5000};
+  /// Capped low: an attempt is one TCP connect, and a restarted control node
+  /// must get its full copies within a second.
+  std::chrono::milliseconds backoff_max{500};
 };
 
 /// A replica's mirror, by the replica id of the topology.

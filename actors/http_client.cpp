@@ -39,16 +39,17 @@ namespace {
 /// One request: resolve, connect, write, read, each bounded by the deadline.
 class exchange : public std::enable_shared_from_this<exchange> {
 public:
-  exchange(asio::io_context& io, std::string host, std::string port, std::string target,
-           std::string body, std::chrono::milliseconds timeout,
+  exchange(asio::io_context& io, http::verb method, std::string host, std::string port,
+           std::string target, std::string body, std::chrono::milliseconds timeout,
            std::function<void(http_response)> done)
     : resolver_(asio::make_strand(io)), stream_(resolver_.get_executor()), host_(std::move(host)),
       port_(std::move(port)), timeout_(timeout), done_(std::move(done)) {
-    req_.method(http::verb::post);
+    req_.method(method);
     req_.target(target);
     req_.version(11);
     req_.set(http::field::host, host_ + ":" + port_);
-    req_.set(http::field::content_type, "application/json");
+    if (!body.empty())
+      req_.set(http::field::content_type, "application/json");
     req_.set(http::field::user_agent, "llmgw");
     req_.body() = std::move(body);
     req_.prepare_payload();
@@ -128,16 +129,22 @@ http_client::~http_client() {
     t.join();
 }
 
-void http_client::post_json(const std::string& base_url, const std::string& target,
-                            std::string body, std::chrono::milliseconds timeout,
-                            std::function<void(http_response)> done) {
+void http_client::request(const std::string& method, const std::string& base_url,
+                          const std::string& target, std::string body,
+                          std::chrono::milliseconds timeout,
+                          std::function<void(http_response)> done) {
   std::string host, port;
   if (!split_http_url(base_url, host, port)) {
     done(http_response{0, {}, "not an http://HOST:PORT URL: " + base_url});
     return;
   }
-  std::make_shared<exchange>(impl_->io, std::move(host), std::move(port), target, std::move(body),
-                             timeout, std::move(done))
+  auto verb = http::string_to_verb(method);
+  if (verb == http::verb::unknown) {
+    done(http_response{0, {}, "not an HTTP method: " + method});
+    return;
+  }
+  std::make_shared<exchange>(impl_->io, verb, std::move(host), std::move(port), target,
+                             std::move(body), timeout, std::move(done))
     ->start();
 }
 

@@ -29,9 +29,17 @@ public:
   http_client(const http_client&) = delete;
   http_client& operator=(const http_client&) = delete;
 
+  /// Sends `method` (GET, POST, ...) to `base_url` + `target` with `body`
+  /// (JSON when not empty); `done` gets the answer.
+  void request(const std::string& method, const std::string& base_url, const std::string& target,
+               std::string body, std::chrono::milliseconds timeout,
+               std::function<void(http_response)> done);
+
   /// POSTs `body` (JSON) to `base_url` + `target`; `done` gets the answer.
   void post_json(const std::string& base_url, const std::string& target, std::string body,
-                 std::chrono::milliseconds timeout, std::function<void(http_response)> done);
+                 std::chrono::milliseconds timeout, std::function<void(http_response)> done) {
+    request("POST", base_url, target, std::move(body), timeout, std::move(done));
+  }
 
 private:
   struct impl;

@@ -73,7 +73,8 @@ result<std::string> optional_string(const json::object& o, const char* key) {
 
 } // namespace
 
-result<routing_request> parse_routing_request(std::string_view body, request_kind kind,
+result<routing_request> parse_routing_request(std::string_view body,
+                                              std::optional<request_kind> wanted,
                                               const request_limits& limits) {
   json::parse_options po;
   po.max_depth = 64;
@@ -84,6 +85,9 @@ result<routing_request> parse_routing_request(std::string_view body, request_kin
   if (!doc.is_object())
     return bad(errc::bad_type, "the body must be a JSON object");
   const auto& o = doc.as_object();
+  auto kind = wanted                   ? *wanted
+              : o.contains("messages") ? request_kind::chat
+                                       : request_kind::completion;
   routing_request r;
   r.kind = kind;
   const auto* model = o.if_contains("model");

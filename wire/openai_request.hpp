@@ -47,8 +47,11 @@ struct request_limits {
   std::size_t max_prompt_tokens = 1u << 20;
 };
 
-/// Reads a request body for `kind`. Errors say which field is wrong.
-result<routing_request> parse_routing_request(std::string_view body, request_kind kind,
+/// Reads a request body for `kind` (nullopt: a chat if it has "messages",
+/// else a completion, as /v1/route takes either). Errors say which field is
+/// wrong.
+result<routing_request> parse_routing_request(std::string_view body,
+                                              std::optional<request_kind> kind,
                                               const request_limits& limits = {});
 
 /// Reads a /tokenize answer's token ids.

@@ -97,15 +97,15 @@ route_decision router_core::decide(const route_query& q,
     hot += s.hot;
   }
   // Tier 2: one walk over every trusted rank of every candidate.
+  holders_.clear();
+  holder_owner_.clear();
+  for (std::size_t c = 0; c < candidates_.size(); ++c) {
+    auto before = holders_.size();
+    kv_.trusted_holders(scores[c].replica, holders_);
+    scores[c].trusted = holders_.size() > before;
+    holder_owner_.resize(holders_.size(), c);
+  }
   if (q.tokenized && !q.keys.empty()) {
-    holders_.clear();
-    holder_owner_.clear();
-    for (std::size_t c = 0; c < candidates_.size(); ++c) {
-      auto before = holders_.size();
-      kv_.trusted_holders(scores[c].replica, holders_);
-      scores[c].trusted = holders_.size() > before;
-      holder_owner_.resize(holders_.size(), c);
-    }
     std::array<double, 3> weights{1.0, settings_.cpu_weight, settings_.storage_weight};
     kv_.blocks().walk(q.keys.data(), q.keys.size(), holders_, weights, walk_);
     auto n = static_cast<double>(q.keys.size());

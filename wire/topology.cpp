@@ -343,7 +343,7 @@ void read_cluster(checker& c, const toml::value& doc, topology& out) {
   }
   c.only_keys(*cl, "[cluster]",
               {"name", "hash_seed", "block_size", "flush_interval_ms", "heartbeat_ms",
-               "connection_timeout_ms"});
+               "connection_timeout_ms", "check_agent_address"});
   c.read(*cl, "[cluster]", "name", out.name, true);
   auto* seed = c.find(*cl, "hash_seed");
   if (seed && seed->is_integer())
@@ -360,6 +360,7 @@ void read_cluster(checker& c, const toml::value& doc, topology& out) {
   c.read_ms(*cl, "cluster", "flush_interval_ms", 10, 60000, out.flush_interval);
   c.read_ms(*cl, "cluster", "heartbeat_ms", 100, 60000, out.heartbeat);
   c.read_ms(*cl, "cluster", "connection_timeout_ms", 200, 600000, out.connection_timeout);
+  c.read(*cl, "[cluster]", "check_agent_address", out.check_agent_address);
   if (out.connection_timeout <= 2 * out.heartbeat)
     c.problem(*cl, fmt::format("cluster.connection_timeout_ms ({}) must exceed twice heartbeat_ms "
                                "({}), or healthy peers are dropped",

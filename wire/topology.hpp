@@ -1,7 +1,8 @@
 // The cluster's shape: one TOML file read by every node and tool.
 //
 //   [cluster]   name, hash_seed (the engines' PYTHONHASHSEED), block_size,
-//               flush_interval_ms, heartbeat_ms, connection_timeout_ms
+//               flush_interval_ms, heartbeat_ms, connection_timeout_ms,
+//               check_agent_address
 //   [tls]       ca (PEM), or plaintext = true (loopback tests only)
 //   [router]    scoring and tier-1 knobs (router_settings below)
 //   [[node]]    name, host, port, roles = ["agent", "control"], http
@@ -80,6 +81,9 @@ struct topology {
   std::chrono::milliseconds flush_interval{250};
   std::chrono::milliseconds heartbeat{1000};
   std::chrono::milliseconds connection_timeout{5000};
+  /// Control nodes accept an agent's session only from an address of the
+  /// agent's host (off for NAT or overlay networks that rewrite addresses).
+  bool check_agent_address = true;
   std::string ca;         ///< the CA every node certificate is checked against
   bool plaintext = false; ///< no TLS at all (refused unless every host is loopback)
   router_settings router;

@@ -23,6 +23,9 @@ void add_check_command(CLI::App& app, int& exit_code);
 /// `llmgw certs`: a private CA and node certificates.
 void add_certs_command(CLI::App& app, int& exit_code);
 
+/// `llmgw node`: runs one node of a topology.
+void add_node_command(CLI::App& app, int& exit_code);
+
 /// `llmgw events`: prints an engine's KV event stream as JSON lines.
 void add_events_command(CLI::App& app, int& exit_code);
 

@@ -52,13 +52,7 @@ capture_data load(const std::string& name) {
     c.frames.push_back({llmgw::test::from_hex(json::value_to<std::string>(f.at("topic_hex"))),
                         static_cast<std::uint64_t>(f.at("seq").as_int64()),
                         llmgw::test::from_hex(json::value_to<std::string>(f.at("payload_hex")))});
-  for (const auto& b : doc.at("expected").at("final_blocks").as_array()) {
-    auto hash = json::value_to<std::string>(b.at("hash"));
-    auto key = json::value_to<std::string>(b.at("hash_kind")) == "int"
-                 ? std::stoull(hash)
-                 : wire::key_of(*wire::digest_from_hex(hash));
-    c.expected.insert({key, wire::medium_of(json::value_to<std::string>(b.at("medium")))});
-  }
+  c.expected = llmgw::test::capture_final_blocks(doc);
   c.clears = doc.at("expected").at("counts").at("AllBlocksCleared").as_int64();
   return c;
 }

@@ -116,6 +116,17 @@ TEST(openai_request, bad_bodies_say_what_is_wrong) {
             0u);
 }
 
+TEST(openai_request, the_kind_can_be_told_from_the_body) {
+  auto chat =
+    parse_routing_request(R"({"model": "m", "messages": [{"role": "user"}]})", std::nullopt);
+  ASSERT_TRUE(chat);
+  EXPECT_EQ(chat->kind, request_kind::chat);
+  auto completion =
+    parse_routing_request(R"({"model": "m", "prompt": "\"messages\""})", std::nullopt);
+  ASSERT_TRUE(completion);
+  EXPECT_EQ(completion->kind, request_kind::completion) << "by the key, not by the text";
+}
+
 TEST(openai_request, tokenize_answers) {
   auto t = parse_tokenize_response(R"({"count": 3, "max_model_len": 8192, "tokens": [1, 15, 7],
                                        "token_strs": null})");

@@ -1,5 +1,7 @@
 #include "tests/unit/support.hpp"
 
+#include "wire/block_hash.hpp"
+
 #include <boost/json.hpp>
 #include <gtest/gtest.h>
 
@@ -82,6 +84,22 @@ std::vector<std::string> capture_names() {
 
 std::string source_path(const std::string& relative) {
   return std::string(LLMGW_SOURCE_DIR) + "/" + relative;
+}
+
+} // namespace llmgw::test
+
+namespace llmgw::test {
+
+std::set<wire::block_ref> capture_final_blocks(const boost::json::value& capture) {
+  std::set<wire::block_ref> out;
+  for (const auto& b : capture.at("expected").at("final_blocks").as_array()) {
+    auto hash = boost::json::value_to<std::string>(b.at("hash"));
+    auto key = boost::json::value_to<std::string>(b.at("hash_kind")) == "int"
+                 ? std::stoull(hash)
+                 : wire::key_of(*wire::digest_from_hex(hash));
+    out.insert({key, wire::medium_of(boost::json::value_to<std::string>(b.at("medium")))});
+  }
+  return out;
 }
 
 } // namespace llmgw::test

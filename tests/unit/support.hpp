@@ -1,8 +1,11 @@
 // Helpers shared by the unit tests: files, hex, and the captures' location.
 #pragma once
 
+#include "wire/block_table.hpp"
+
 #include <boost/json/value.hpp>
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -25,6 +28,9 @@ std::string capture_path(const std::string& name);
 
 /// Names of every capture file (the 24 *.json), sorted.
 std::vector<std::string> capture_names();
+
+/// The blocks a capture's engine holds at the end (its "expected.final_blocks").
+std::set<wire::block_ref> capture_final_blocks(const boost::json::value& capture);
 
 /// Absolute path of a file in the source tree.
 std::string source_path(const std::string& relative);

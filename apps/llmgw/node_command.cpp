@@ -1,0 +1,220 @@
+// `llmgw node --config FILE --node NAME`: runs one node of the topology.
+//
+// Everything is checked before the actor system starts (the whole topology,
+// TLS files included). Signals are blocked before CAF starts its threads, so
+// SIGTERM and SIGINT reach only the main thread, which then stops the node's
+// actors in order and lets the actor system wait for them.
+//
+// A control node runs the router, the control actor (published on its CAF
+// port, mutual TLS unless the topology says plaintext), the tokenizer and the
+// gateway (its http address). An agent node runs a mirror and subscriber per
+// engine, engine supervisors for launched engines, and a forwarder per
+// control node. CAF heartbeats run on every node, so a frozen peer is found.
+#include "actors/agent.hpp"
+#include "actors/control.hpp"
+#include "actors/gateway.hpp"
+#include "actors/router.hpp"
+#include "actors/tokenizer.hpp"
+#include "apps/llmgw/commands.hpp"
+#include "messages/registration.hpp"
+#include "wire/log.hpp"
+#include "wire/topology.hpp"
+
+#include <CLI/CLI.hpp>
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/openssl/manager.hpp>
+#include <caf/openssl/publish.hpp>
+#include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+#include <fmt/format.h>
+
+#include <csignal>
+#include <netdb.h>
+#include <pthread.h>
+#include <sys/socket.h>
+
+namespace llmgw::apps {
+
+namespace {
+
+struct node_config : caf::actor_system_config {
+  node_config(const wire::topology& topo, const wire::node_spec& node, std::size_t threads) {
+    load<caf::io::middleman>();
+    if (!topo.plaintext) {
+      load<caf::openssl::manager>();
+      openssl_certificate = node.cert;
+      openssl_key = node.key;
+      openssl_cafile = topo.ca;
+    }
+    register_message_types(*this);
+    set("middleman.heartbeat-interval", caf::timespan{topo.heartbeat});
+    set("middleman.connection-timeout", caf::timespan{topo.connection_timeout});
+    set("scheduler.max-threads", threads);
+    set("logger.verbosity", caf::atom("quiet"));
+  }
+};
+
+/// Every address `host` resolves to, as CAF reports peers (IPv4 also in its
+/// IPv4-mapped IPv6 form).
+std::set<std::string> addresses_of(const std::string& host) {
+  std::set<std::string> out;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0)
+    return out;
+  for (auto* ai = res; ai; ai = ai->ai_next) {
+    char buf[NI_MAXHOST];
+    if (getnameinfo(ai->ai_addr, ai->ai_addrlen, buf, sizeof buf, nullptr, 0, NI_NUMERICHOST) != 0)
+      continue;
+    out.insert(buf);
+    if (ai->ai_family == AF_INET)
+      out.insert(std::string("::ffff:") + buf);
+  }
+  freeaddrinfo(res);
+  return out;
+}
+
+agent_config agent_config_of(const wire::topology& topo, const wire::node_spec& node) {
+  agent_config cfg;
+  cfg.node = node.name;
+  cfg.seed = topo.seed;
+  cfg.block_size = topo.block_size;
+  cfg.flush_interval = topo.flush_interval;
+  cfg.connect_timeout = topo.connection_timeout;
+  for (const auto& e : node.engines) {
+    agent_engine_config a;
+    a.replica = e.replica;
+    a.command = e.launch;
+    a.kv_events = e.kv_events;
+    a.topic = e.topic;
+    a.dp_size = e.dp_size;
+    a.events_port = e.events_port;
+    a.replay = e.replay;
+    a.replay_endpoint = e.replay_endpoint;
+    cfg.engines.push_back(std::move(a));
+  }
+  for (const auto* c : topo.controls())
+    cfg.controls.push_back({c->name, c->host, c->port});
+  return cfg;
+}
+
+int run_node(const wire::topology& topo_in, const std::string& name, std::size_t threads) {
+  auto topo = std::make_shared<const wire::topology>(topo_in);
+  const auto* node = topo->find_node(name);
+  if (!node) {
+    std::string names;
+    for (const auto& n : topo->nodes)
+      names += (names.empty() ? "" : ", ") + n.name;
+    fmt::print(stderr, "llmgw node: no node '{}' in {} (nodes: {})\n", name, topo->path, names);
+    return 2;
+  }
+  // Before any thread exists: the signals go to sigwait below, nowhere else.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto who = "node " + name;
+  if (topo->plaintext)
+    LLMGW_LOG(warning, who, "[tls] plaintext = true: nodes talk unencrypted (loopback only)");
+  node_config cfg(*topo, *node, threads);
+  caf::actor_system sys{cfg};
+  std::vector<caf::actor> control_actors;
+  std::unique_ptr<gateway> gw;
+  agent_handles agent;
+  int exit_code = 0;
+  if (node->roles.control) {
+    auto rt = sys.spawn(router, *topo);
+    control_options opts;
+    opts.node = name;
+    opts.topo = topo;
+    if (topo->check_agent_address)
+      for (const auto& n : topo->nodes)
+        if (n.roles.agent) {
+          auto addrs = addresses_of(n.host);
+          if (addrs.empty())
+            LLMGW_LOG(warning, who,
+                      "cannot resolve agent node '{}''s host '{}': its sessions "
+                      "will be refused until it resolves",
+                      n.name, n.host);
+          addrs.insert("unresolved:" + n.host); // never matches, keeps the check on
+          opts.agent_addresses[n.name] = std::move(addrs);
+        }
+    auto ctl = sys.spawn(control, opts, rt);
+    auto tok = sys.spawn(tokenizer, *topo);
+    control_actors = {caf::actor_cast<caf::actor>(ctl), caf::actor_cast<caf::actor>(rt),
+                      caf::actor_cast<caf::actor>(tok)};
+    auto published = topo->plaintext
+                       ? sys.middleman().publish(ctl, node->port, node->host.c_str(), true)
+                       : caf::openssl::publish(ctl, node->port, node->host.c_str(), true);
+    if (!published) {
+      LLMGW_LOG(error, who, "cannot listen for agents on {}:{}: {}", node->host, node->port,
+                sys.render(published.error()));
+      exit_code = 1;
+    } else {
+      gw = std::make_unique<gateway>(sys, topo, node->http_host, node->http_port,
+                                     gateway_peers{rt, ctl, tok});
+      if (gw->port() == 0) {
+        LLMGW_LOG(error, who, "gateway: {}", gw->error());
+        exit_code = 1;
+      } else {
+        LLMGW_LOG(info, who, "control: agents connect to {}:{} ({}), gateway at http://{}:{}",
+                  node->host, *published, topo->plaintext ? "plaintext" : "mutual TLS",
+                  node->http_host, gw->port());
+      }
+    }
+  }
+  if (exit_code == 0 && node->roles.agent) {
+    agent = start_agent(sys, agent_config_of(*topo, *node));
+    LLMGW_LOG(info, who, "agent: {} engine(s), forwarding to {} control node(s)",
+              node->engines.size(), topo->controls().size());
+  }
+  if (exit_code == 0) {
+    LLMGW_LOG(info, who, "ready");
+    int sig = 0;
+    sigwait(&signals, &sig);
+    LLMGW_LOG(info, who, "{}: shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  }
+  if (gw)
+    gw->stop();
+  stop_agent(agent);
+  for (const auto& a : control_actors)
+    caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  return exit_code; // the actor system waits for every actor as it goes
+}
+
+} // namespace
+
+void add_node_command(CLI::App& app, int& exit_code) {
+  auto* cmd = app.add_subcommand("node", "run one node of a topology (agent, control or both)");
+  struct options {
+    std::string config;
+    std::string node;
+    std::size_t threads = 4;
+    bool debug = false;
+  };
+  auto opts = std::make_shared<options>();
+  cmd->add_option("--config", opts->config, "the topology (TOML)")->required();
+  cmd->add_option("--node", opts->node, "this node's name in the topology")->required();
+  cmd->add_option("--threads", opts->threads, "CAF scheduler threads")
+    ->check(CLI::Range(1, 256))
+    ->capture_default_str();
+  cmd->add_flag("--debug", opts->debug, "log debug lines too");
+  cmd->callback([opts, &exit_code] {
+    if (opts->debug)
+      log::threshold = static_cast<int>(log::level::debug);
+    wire::topology topo;
+    if (!load_or_report(opts->config, topo, "node")) {
+      exit_code = 2;
+      return;
+    }
+    exit_code = run_node(topo, opts->node, opts->threads);
+  });
+}
+
+} // namespace llmgw::apps

@@ -1,0 +1,248 @@
+// Real `llmgw node` processes on loopback, over mutual TLS: control nodes'
+// indexes against what the agents' engines published, ownership, an agent
+// killed, a control node restarted, two control nodes side by side, and an
+// agent connecting from an address that is not its host's.
+#include "tests/integration/test_cluster.hpp"
+#include "tests/unit/support.hpp"
+
+#include <boost/json.hpp>
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <thread>
+
+using namespace std::chrono_literals;
+using llmgw::test::expected_fingerprint;
+using llmgw::test::test_cluster;
+using llmgw::test::test_node_spec;
+namespace json = boost::json;
+
+namespace {
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr auto slow_factor = 4;
+#else
+constexpr auto slow_factor = 1;
+#endif
+
+/// rank 0 of `replica` in a /v1/kv/replicas answer, or null.
+const json::object* rank0(const json::value& doc, const std::string& replica) {
+  if (!doc.is_object())
+    return nullptr;
+  for (const auto& r : doc.at("replicas").as_array())
+    if (r.at("replica").as_string() == replica.c_str()) {
+      const auto& ranks = r.at("ranks").as_array();
+      return ranks.empty() ? nullptr : &ranks[0].as_object();
+    }
+  return nullptr;
+}
+
+/// True when the control node holds exactly the capture's final blocks for
+/// `replica`, trusted.
+bool holds(test_cluster& c, const std::string& control, const std::string& replica,
+           const std::string& capture) {
+  auto doc = c.replicas(control);
+  const auto* r = rank0(doc, replica);
+  return r && r->at("trusted").as_bool()
+         && r->at("fingerprint").as_string() == expected_fingerprint(capture).c_str();
+}
+
+bool has_state(test_cluster& c, const std::string& control, const std::string& replica) {
+  auto doc = c.replicas(control);
+  const auto* r = rank0(doc, replica);
+  return r && r->at("has_state").as_bool();
+}
+
+std::vector<test_node_spec> one_control_two_agents() {
+  return {
+    {"control-1", true, false, "127.0.0.1", {}},
+    {"agent-a",
+     false,
+     true,
+     "127.0.0.1",
+     {{"a0", "S1_basic.map.int.json"}, {"a1", "S3_lora_salt.array.bytes.json"}}},
+    {"agent-b",
+     false,
+     true,
+     "127.0.0.1",
+     {{"b0", "S2_churn.map.int.json"}, {"b1", "S4_clear.map.int.json", "m", false}}},
+  };
+}
+
+} // namespace
+
+TEST(cluster, the_control_nodes_index_equals_the_agents_mirrors) {
+  test_cluster c(one_control_two_agents());
+  c.start("control-1");
+  ASSERT_TRUE(c.wait_ready("control-1", 10s)) << c.log_of("control-1");
+  c.start("agent-a");
+  c.start("agent-b");
+  EXPECT_TRUE(test_cluster::eventually(
+    [&] {
+      return holds(c, "control-1", "a0", "S1_basic.map.int.json")
+             && holds(c, "control-1", "a1", "S3_lora_salt.array.bytes.json")
+             && holds(c, "control-1", "b0", "S2_churn.map.int.json");
+    },
+    10s * slow_factor))
+    << json::serialize(c.replicas("control-1")) << c.log_of("agent-b");
+  EXPECT_FALSE(has_state(c, "control-1", "b1")) << "kv_events = false: tier 1 only";
+  EXPECT_EQ(c.metric("control-1", "llmgw_agent_connected{node=\"agent-a\"}"), 1);
+  EXPECT_EQ(c.metric("control-1", "llmgw_agent_connected{node=\"agent-b\"}"), 1);
+  EXPECT_GT(
+    c.metric("control-1", "llmgw_kv_events_total{replica=\"b0\",dp_rank=\"0\",kind=\"removed\"}"),
+    0)
+    << "the agent's counts reach the control node's /metrics";
+  // A prompt the engine of a0 cached routes there, exactly.
+  auto capture = llmgw::test::read_json(llmgw::test::capture_path("S1_basic.map.int.json"));
+  const auto& req = capture.at("requests").as_array()[0].as_object();
+  json::array prompt;
+  for (std::int64_t i = 0; i < req.at("prompt_len").as_int64(); ++i)
+    prompt.push_back(req.at("tokens").as_array()[static_cast<std::size_t>(i)]);
+  json::object body{{"model", "m"}, {"prompt", prompt}};
+  auto route = c.post("control-1", "/v1/route", json::serialize(body));
+  ASSERT_EQ(route.status, 200) << route.body;
+  auto d = json::parse(route.body);
+  EXPECT_EQ(d.at("replica"), "a0");
+  EXPECT_EQ(d.at("tier"), "kv");
+  EXPECT_EQ(d.at("score").to_number<double>(), 1.0);
+  EXPECT_EQ(c.stop("agent-a", SIGTERM), std::optional<int>(0)) << "SIGTERM stops cleanly";
+  EXPECT_EQ(c.stop("control-1", SIGTERM), std::optional<int>(0));
+}
+
+TEST(cluster, a_node_claiming_another_nodes_replica_is_refused) {
+  auto nodes = one_control_two_agents();
+  test_cluster c(nodes);
+  // agent-b runs with a topology of its own that gives it a replica "a0".
+  auto rogue = nodes;
+  rogue[2].engines = {{"a0", "S4_clear.map.int.json"}};
+  rogue[1].engines.clear();
+  auto rogue_file = c.write_topology(rogue, "rogue.toml");
+  c.start("control-1");
+  ASSERT_TRUE(c.wait_ready("control-1", 10s));
+  c.start("agent-a");
+  ASSERT_TRUE(test_cluster::eventually(
+    [&] { return holds(c, "control-1", "a0", "S1_basic.map.int.json"); }, 10s * slow_factor));
+  c.start("agent-b", rogue_file);
+  EXPECT_TRUE(test_cluster::eventually(
+    [&] {
+      return c.metric("control-1",
+                      "llmgw_kv_updates_refused_total{node=\"agent-b\",reason=\"not_owner\"}")
+             >= 1;
+    },
+    10s * slow_factor))
+    << c.get("control-1", "/metrics").body;
+  EXPECT_TRUE(holds(c, "control-1", "a0", "S1_basic.map.int.json"))
+    << "a0 still holds what its owner sent";
+  EXPECT_NE(c.log_of("control-1")
+              .find("refused update from node 'agent-b' for replica 'a0' "
+                    "(not_owner): the topology gives it to node 'agent-a'"),
+            std::string::npos)
+    << c.log_of("control-1");
+}
+
+TEST(cluster, a_killed_agent_loses_its_replicas_at_once) {
+  test_cluster c(one_control_two_agents());
+  c.start("control-1");
+  ASSERT_TRUE(c.wait_ready("control-1", 10s));
+  c.start("agent-a");
+  c.start("agent-b");
+  ASSERT_TRUE(test_cluster::eventually(
+    [&] {
+      return holds(c, "control-1", "a0", "S1_basic.map.int.json")
+             && holds(c, "control-1", "b0", "S2_churn.map.int.json");
+    },
+    10s * slow_factor));
+  c.stop("agent-b", SIGKILL);
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(
+    test_cluster::eventually([&] { return !has_state(c, "control-1", "b0"); }, 5s * slow_factor));
+  auto took = std::chrono::steady_clock::now() - start;
+  std::fprintf(stderr, "b0 dropped %.0f ms after agent-b was killed\n",
+               std::chrono::duration<double, std::milli>(took).count());
+  EXPECT_TRUE(holds(c, "control-1", "a0", "S1_basic.map.int.json")) << "agent-a is untouched";
+  EXPECT_EQ(c.metric("control-1", "llmgw_kv_resets_total{replica=\"b0\",reason=\"node_down\"}"), 1);
+  EXPECT_EQ(c.metric("control-1", "llmgw_agent_connected{node=\"agent-b\"}"), 0);
+}
+
+TEST(cluster, a_restarted_control_node_gets_full_copies_within_a_second) {
+  test_cluster c(one_control_two_agents());
+  c.start("control-1");
+  ASSERT_TRUE(c.wait_ready("control-1", 10s));
+  c.start("agent-a");
+  c.start("agent-b");
+  auto all_held = [&] {
+    return holds(c, "control-1", "a0", "S1_basic.map.int.json")
+           && holds(c, "control-1", "a1", "S3_lora_salt.array.bytes.json")
+           && holds(c, "control-1", "b0", "S2_churn.map.int.json");
+  };
+  ASSERT_TRUE(test_cluster::eventually(all_held, 10s * slow_factor));
+  c.stop("control-1", SIGKILL);
+  std::this_thread::sleep_for(1500ms); // the agents' reconnect attempts back off meanwhile
+  c.start("control-1");
+  ASSERT_TRUE(c.wait_ready("control-1", 10s));
+  auto ready = std::chrono::steady_clock::now();
+  EXPECT_TRUE(test_cluster::eventually(all_held, 1000ms * slow_factor))
+    << json::serialize(c.replicas("control-1"));
+  std::fprintf(
+    stderr, "full copies from both agents %.0f ms after the control node was ready\n",
+    std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ready).count());
+}
+
+TEST(cluster, two_control_nodes_hold_identical_indexes) {
+  auto nodes = one_control_two_agents();
+  nodes.insert(nodes.begin() + 1, test_node_spec{"control-2", true, false, "127.0.0.1", {}});
+  test_cluster c(nodes);
+  c.start("control-1");
+  c.start("control-2");
+  ASSERT_TRUE(c.wait_ready("control-1", 10s));
+  ASSERT_TRUE(c.wait_ready("control-2", 10s));
+  c.start("agent-a");
+  c.start("agent-b");
+  for (const char* ctl : {"control-1", "control-2"})
+    EXPECT_TRUE(test_cluster::eventually(
+      [&] {
+        return holds(c, ctl, "a0", "S1_basic.map.int.json")
+               && holds(c, ctl, "a1", "S3_lora_salt.array.bytes.json")
+               && holds(c, ctl, "b0", "S2_churn.map.int.json");
+      },
+      10s * slow_factor))
+      << ctl;
+  auto one = c.replicas("control-1");
+  auto two = c.replicas("control-2");
+  for (const char* r : {"a0", "a1", "b0"}) {
+    ASSERT_TRUE(rank0(one, r) && rank0(two, r));
+    EXPECT_EQ(rank0(one, r)->at("fingerprint"), rank0(two, r)->at("fingerprint")) << r;
+    EXPECT_EQ(rank0(one, r)->at("blocks"), rank0(two, r)->at("blocks")) << r;
+  }
+  // Losing one control node loses nothing: the other still routes exactly.
+  c.stop("control-1", SIGKILL);
+  std::this_thread::sleep_for(300ms);
+  EXPECT_TRUE(holds(c, "control-2", "b0", "S2_churn.map.int.json"));
+}
+
+TEST(cluster, an_agent_must_connect_from_its_own_host) {
+  auto nodes = one_control_two_agents();
+  nodes[2].host = "127.0.0.2"; // agent-b's host; its connection comes from 127.0.0.1
+  test_cluster c(nodes);
+  c.start("control-1");
+  ASSERT_TRUE(c.wait_ready("control-1", 10s));
+  c.start("agent-a");
+  c.start("agent-b");
+  EXPECT_TRUE(test_cluster::eventually(
+    [&] {
+      return c.metric("control-1", "llmgw_agent_sessions_refused_total{reason=\"address\"}") >= 1;
+    },
+    10s * slow_factor));
+  EXPECT_TRUE(test_cluster::eventually(
+    [&] { return holds(c, "control-1", "a0", "S1_basic.map.int.json"); }, 10s * slow_factor));
+  EXPECT_FALSE(has_state(c, "control-1", "b0"));
+  EXPECT_TRUE(test_cluster::eventually(
+    [&] {
+      return c.log_of("agent-b").find("the control node refused this node's session: the "
+                                      "connection comes from '127.0.0.1', not from node "
+                                      "'agent-b''s host")
+             != std::string::npos;
+    },
+    5s))
+    << c.log_of("agent-b");
+}

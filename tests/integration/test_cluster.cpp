@@ -1,0 +1,191 @@
+#include "tests/integration/test_cluster.hpp"
+
+#include "tests/unit/support.hpp"
+#include "wire/pki.hpp"
+#include "wire/replica_index.hpp"
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <csignal>
+#include <fstream>
+#include <future>
+#include <netinet/in.h>
+#include <sstream>
+#include <sys/socket.h>
+#include <thread>
+#include <unistd.h>
+
+using namespace std::chrono_literals;
+
+namespace llmgw::test {
+
+std::uint16_t free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+test_cluster::test_cluster(std::vector<test_node_spec> nodes, std::string extra_cluster)
+  : nodes_(std::move(nodes)) {
+  char tmpl[] = "/tmp/llmgw-cluster-XXXXXX";
+  dir_ = ::mkdtemp(tmpl);
+  EXPECT_EQ(wire::ensure_ca(dir_), "");
+  for (const auto& n : nodes_) {
+    EXPECT_EQ(wire::issue_node_certificate(dir_, n.name, {n.host}), "");
+    if (n.control) {
+      caf_ports_[n.name] = free_port();
+      http_ports_[n.name] = free_port();
+    }
+  }
+  topology_ = write_topology(nodes_, "cluster.toml");
+  if (!extra_cluster.empty()) {
+    // [cluster] is the file's first table: extra lines go right after it.
+    std::ifstream in(topology_);
+    std::stringstream buf;
+    buf << in.rdbuf();
+    auto text = buf.str();
+    text.insert(text.find('\n') + 1, extra_cluster + "\n");
+    std::ofstream(topology_) << text;
+  }
+}
+
+test_cluster::~test_cluster() {
+  for (auto& [name, proc] : running_)
+    if (proc) {
+      proc->signal(SIGKILL);
+      proc->wait(5s);
+    }
+  running_.clear();
+  if (!::testing::Test::HasFailure())
+    std::system(("rm -rf " + dir_).c_str());
+  else
+    std::fprintf(stderr, "test cluster kept for inspection: %s\n", dir_.c_str());
+}
+
+std::string test_cluster::write_topology(const std::vector<test_node_spec>& nodes,
+                                         const std::string& file_name) const {
+  std::string t = "[cluster]\nname = \"test\"\nhash_seed = \"0\"\nblock_size = 16\n"
+                  "flush_interval_ms = 50\nheartbeat_ms = 200\nconnection_timeout_ms = 1000\n\n"
+                  "[tls]\nca = \"ca.pem\"\n\n"
+                  "[router]\ntokenize_timeout_ms = 200\n";
+  for (const auto& n : nodes) {
+    std::vector<std::string> roles;
+    if (n.control)
+      roles.push_back("\"control\"");
+    if (n.agent)
+      roles.push_back("\"agent\"");
+    t += fmt::format("\n[[node]]\nname = \"{}\"\nhost = \"{}\"\nroles = [{}]\n"
+                     "cert = \"{}.pem\"\nkey = \"{}.key\"\n",
+                     n.name, n.host, fmt::join(roles, ", "), n.name, n.name);
+    if (n.control)
+      t += fmt::format("port = {}\nhttp = \"127.0.0.1:{}\"\n", caf_ports_.at(n.name),
+                       http_ports_.at(n.name));
+    for (const auto& e : n.engines) {
+      t += fmt::format("\n[[node.engine]]\nreplica = \"{}\"\nmodel = \"{}\"\n"
+                       "url = \"http://127.0.0.1:1\"\nkv_events = {}\n"
+                       "launch = [\"{}\", \"--capture\", \"{}\"]\n",
+                       e.replica, e.model, e.kv_events ? "true" : "false", LLMGW_TEST_ENGINE,
+                       capture_path(e.capture));
+    }
+  }
+  auto path = dir_ + "/" + file_name;
+  std::ofstream(path) << t;
+  return path;
+}
+
+void test_cluster::start(const std::string& name, const std::string& topology) {
+  auto log = dir_ + "/" + name + ".log";
+  // Logs go to a file: a pipe nobody reads could fill and block the node.
+  auto cmd = fmt::format("exec {} node --config {} --node {} 2>>{}", LLMGW_BINARY,
+                         topology.empty() ? topology_ : topology, name, log);
+  running_[name] = std::make_unique<child_process>(std::vector<std::string>{"/bin/sh", "-c", cmd});
+  logs_[name] = log;
+}
+
+std::optional<int> test_cluster::stop(const std::string& name, int sig) {
+  auto it = running_.find(name);
+  if (it == running_.end() || !it->second)
+    return std::nullopt;
+  it->second->signal(sig);
+  auto code = it->second->wait(10s);
+  running_.erase(it);
+  return code;
+}
+
+bool test_cluster::eventually(const std::function<bool()>& check,
+                              std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    if (check())
+      return true;
+    if (std::chrono::steady_clock::now() > deadline)
+      return false;
+    std::this_thread::sleep_for(20ms);
+  }
+}
+
+bool test_cluster::wait_ready(const std::string& control, std::chrono::milliseconds timeout) {
+  return eventually([&] { return get(control, "/healthz").status == 200; }, timeout);
+}
+
+namespace {
+
+http_response sync_request(http_client& http, const std::string& method, std::uint16_t port,
+                           const std::string& target, const std::string& body) {
+  std::promise<http_response> p;
+  http.request(method, "http://127.0.0.1:" + std::to_string(port), target, body, 5s,
+               [&p](http_response r) { p.set_value(std::move(r)); });
+  return p.get_future().get();
+}
+
+} // namespace
+
+http_response test_cluster::get(const std::string& control, const std::string& target) {
+  return sync_request(http_, "GET", http_ports_.at(control), target, "");
+}
+
+http_response test_cluster::post(const std::string& control, const std::string& target,
+                                 const std::string& body) {
+  return sync_request(http_, "POST", http_ports_.at(control), target, body);
+}
+
+boost::json::value test_cluster::replicas(const std::string& control) {
+  auto r = get(control, "/v1/kv/replicas");
+  if (r.status != 200)
+    return nullptr;
+  return boost::json::parse(r.body);
+}
+
+double test_cluster::metric(const std::string& control, const std::string& sample) {
+  auto r = get(control, "/metrics");
+  std::istringstream in(r.body);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(sample + " ", 0) == 0)
+      return std::stod(line.substr(sample.size() + 1));
+  return -1;
+}
+
+std::string test_cluster::log_of(const std::string& name) {
+  std::ifstream in(logs_[name]);
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return buf.str();
+}
+
+std::string expected_fingerprint(const std::string& capture) {
+  auto blocks = capture_final_blocks(read_json(capture_path(capture)));
+  return fmt::format(
+    "{:016x}", wire::fingerprint_of(std::vector<wire::block_ref>(blocks.begin(), blocks.end())));
+}
+
+} // namespace llmgw::test

@@ -1,0 +1,102 @@
+// A cluster of real `llmgw node` processes on loopback for integration
+// tests: a temporary folder with a private CA and node certificates (mutual
+// TLS, as in production), a topology written from the test's description
+// with ports the kernel found free, nodes started and stopped one by one,
+// and HTTP helpers to read the control nodes' gateways. Every wait is
+// bounded.
+#pragma once
+
+#include "actors/http_client.hpp"
+#include "tests/integration/child_process.hpp"
+
+#include <boost/json/value.hpp>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace llmgw::test {
+
+/// A loopback TCP port that was free a moment ago.
+std::uint16_t free_port();
+
+/// An engine of an agent node, launched as llmgw-test-engine publishing a
+/// capture's frames.
+struct test_engine_spec {
+  std::string replica;
+  std::string capture; ///< file name in shared/vllm-captures
+  std::string model = "m";
+  bool kv_events = true;
+};
+
+struct test_node_spec {
+  std::string name;
+  bool control = false;
+  bool agent = false;
+  std::string host = "127.0.0.1";
+  std::vector<test_engine_spec> engines;
+};
+
+class test_cluster {
+public:
+  /// Writes certificates and the topology for `nodes`. `extra_cluster`
+  /// lines go into [cluster].
+  explicit test_cluster(std::vector<test_node_spec> nodes, std::string extra_cluster = {});
+  ~test_cluster();
+
+  /// The topology's path (to start nodes with other files, write your own).
+  const std::string& topology_path() const { return topology_; }
+  const std::string& dir() const { return dir_; }
+
+  /// Writes another topology file in the same folder (same certificates and
+  /// ports) from a modified description; returns its path.
+  std::string write_topology(const std::vector<test_node_spec>& nodes,
+                             const std::string& file_name) const;
+
+  /// Starts `llmgw node` for `name` (with `topology`, default ours).
+  void start(const std::string& name, const std::string& topology = {});
+
+  /// Sends `sig` to the node and waits (bounded) for it to exit; the exit code.
+  std::optional<int> stop(const std::string& name, int sig);
+
+  /// Waits until the control node's gateway answers /healthz.
+  bool wait_ready(const std::string& control, std::chrono::milliseconds timeout);
+
+  /// GET `target` on the control node's gateway; status 0 if unreachable.
+  http_response get(const std::string& control, const std::string& target);
+  http_response post(const std::string& control, const std::string& target,
+                     const std::string& body);
+
+  /// The control node's /v1/kv/replicas, as JSON (null if unreachable).
+  boost::json::value replicas(const std::string& control);
+
+  /// The control node's /metrics value of one sample (exact text before the
+  /// value, e.g. `llmgw_agent_connected{node="agent-a"}`); -1 if absent.
+  double metric(const std::string& control, const std::string& sample);
+
+  /// Polls `check` every 20 ms until it holds or the timeout passes.
+  static bool eventually(const std::function<bool()>& check, std::chrono::milliseconds timeout);
+
+  /// Everything the node wrote to stderr so far (its log).
+  std::string log_of(const std::string& name);
+
+private:
+  std::string dir_;
+  std::string topology_;
+  std::vector<test_node_spec> nodes_;
+  std::map<std::string, std::uint16_t> caf_ports_;
+  std::map<std::string, std::uint16_t> http_ports_;
+  std::map<std::string, std::unique_ptr<child_process>> running_;
+  std::map<std::string, std::string> logs_;
+  http_client http_;
+};
+
+/// The fingerprint of a capture's expected final state (what a mirror and
+/// the router hold for a replica fed with it), as /v1/kv/replicas prints it.
+std::string expected_fingerprint(const std::string& capture);
+
+} // namespace llmgw::test
