@@ -59,11 +59,16 @@ router_actor::behavior_type router(router_actor::stateful_pointer<router_state> 
       if (had)
         ++st.stats.drops[{replica, static_cast<wire::drop_reason>(reason & 1)}];
     },
-    [self](route_atom, const wire::route_query& q) {
+    [self](route_atom, const wire::route_query& q) -> caf::result<wire::route_decision> {
       auto& st = self->state;
       auto start = std::chrono::steady_clock::now();
       auto d = st.core->decide(q, start);
       std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+      // Answer first; remembering the prompt for tier 1 need not delay it.
+      auto rp = self->make_response_promise<wire::route_decision>();
+      rp.deliver(d);
+      if (!q.dry_run)
+        st.core->remember(d, q.chunks, start);
       if (!q.dry_run) {
         st.stats.decision_seconds.observe(q.hash_seconds + took.count());
         if (q.tokenize_seconds >= 0)
@@ -75,7 +80,7 @@ router_actor::behavior_type router(router_actor::stateful_pointer<router_state> 
         else if (d.tier == wire::route_tier::approx)
           st.stats.matched_share_approx.observe(d.score);
       }
-      return d;
+      return rp;
     },
     [self](done_atom, const std::string& replica) { self->state.core->finished(replica); },
     [self](mark_down_atom, const std::string& replica, std::uint32_t ms) {

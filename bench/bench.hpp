@@ -48,6 +48,9 @@ int run_wire_bench(int rounds);
 /// `llmgw-bench agent`: the agent's events-to-updates path.
 int run_agent_bench(int rounds);
 
+/// `llmgw-bench router`: decision latency, index updates, index memory.
+int run_router_bench(int rounds);
+
 /// `llmgw-bench agent-actors`: the same through the subscriber and mirror actors.
 int run_agent_actors_bench(int rounds);
 

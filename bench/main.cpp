@@ -35,6 +35,11 @@ int main(int argc, char** argv) {
     ->check(CLI::Range(3, 1000))
     ->capture_default_str();
   actors->callback([&] { exit_code = llmgw::bench::run_agent_actors_bench(rounds); });
+  auto* router = app.add_subcommand("router", "decision latency, index updates and memory");
+  router->add_option("--rounds", rounds, "rounds (x20 latency samples)")
+    ->check(CLI::Range(3, 1000))
+    ->capture_default_str();
+  router->callback([&] { exit_code = llmgw::bench::run_router_bench(rounds); });
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

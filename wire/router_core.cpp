@@ -32,6 +32,7 @@ router_core::router_core(const topology& topo)
   for (const auto& n : topo.nodes)
     for (const auto& e : n.engines)
       replicas_.push_back({e.replica, n.name, e.model, e.lora, e.url, e.kv_events, 0, {}});
+  replica_holders_.resize(replicas_.size());
 }
 
 std::optional<std::string> router_core::lora_of(const std::string& model) const {
@@ -44,6 +45,32 @@ std::optional<std::string> router_core::lora_of(const std::string& model) const 
 bool router_core::serves(const std::string& model) const {
   return std::any_of(replicas_.begin(), replicas_.end(),
                      [&](const replica_entry& r) { return serves_model(r, model); });
+}
+
+void router_core::remember(const route_decision& d, const std::vector<std::uint64_t>& chunks,
+                           std::chrono::steady_clock::time_point now) {
+  if (chunks.empty() || d.replica.empty())
+    return;
+  for (std::size_t i = 0; i < replicas_.size(); ++i)
+    if (replicas_[i].name == d.replica) {
+      tree_.insert(static_cast<tree_replica>(i), chunks, now);
+      return;
+    }
+}
+
+void router_core::refresh_holders() {
+  if (known_holders_ == kv_.holder_count())
+    return;
+  // New (replica, rank) pairs appeared: rebuild replica -> holders.
+  replica_holders_.assign(replicas_.size(), {});
+  for (std::size_t i = 0; i < replicas_.size(); ++i)
+    for (std::uint32_t rank = 0;; ++rank) {
+      auto h = kv_.find(replicas_[i].name, rank);
+      if (!h)
+        break;
+      replica_holders_[i].push_back(*h);
+    }
+  known_holders_ = kv_.holder_count();
 }
 
 void router_core::finished(const std::string& replica) {
@@ -99,9 +126,12 @@ route_decision router_core::decide(const route_query& q,
   // Tier 2: one walk over every trusted rank of every candidate.
   holders_.clear();
   holder_owner_.clear();
+  refresh_holders();
   for (std::size_t c = 0; c < candidates_.size(); ++c) {
     auto before = holders_.size();
-    kv_.trusted_holders(scores[c].replica, holders_);
+    for (auto h : replica_holders_[candidates_[c]])
+      if (kv_.trusted(h))
+        holders_.push_back(h);
     scores[c].trusted = holders_.size() > before;
     holder_owner_.resize(holders_.size(), c);
   }
@@ -119,8 +149,13 @@ route_decision router_core::decide(const route_query& q,
       }
     }
   }
-  // Tier 1.
-  if (!q.chunks.empty()) {
+  // Tier 1, where it can matter: for replicas tier 2 cannot see, when tier 2
+  // found nothing, and for /v1/route's report.
+  bool any_kv_found = std::any_of(scores.begin(), scores.end(),
+                                  [](const replica_score& s) { return s.trusted && s.kv > 0; });
+  bool all_trusted =
+    std::all_of(scores.begin(), scores.end(), [](const replica_score& s) { return s.trusted; });
+  if (!q.chunks.empty() && (q.dry_run || !any_kv_found || !all_trusted)) {
     tree_candidates_.clear();
     for (auto i : candidates_)
       tree_candidates_.push_back(static_cast<tree_replica>(i));
@@ -172,8 +207,6 @@ route_decision router_core::decide(const route_query& q,
     ++counters_.decisions[static_cast<int>(d.tier)];
     counters_.hot_skips += hot == scores.size() ? 0 : hot;
     ++r.outstanding;
-    if (!q.chunks.empty())
-      tree_.insert(static_cast<tree_replica>(candidates_[chosen]), q.chunks, now);
   }
   return d;
 }

@@ -12,7 +12,8 @@
 //   storage block counts `cpu_weight`/`storage_weight`).
 // - Tier 1 (approx): for the others, or for everyone when tokenization failed
 //   or tier 2 found nothing, the share of the prompt's leading text chunks the
-//   router sent there.
+//   router sent there (not computed when tier 2 decides alone, except for a
+//   dry run, which reports every score).
 // - The best score wins; scores within `tie_margin` of it count as ties and go
 //   to the least loaded. With no prefix anywhere, the least loaded candidate
 //   wins (tier "load"), ties taken in turn.
@@ -85,8 +86,13 @@ public:
   explicit router_core(const topology& topo);
 
   /// Decides for one request. Unless dry_run, counts the request as
-  /// outstanding on the chosen replica and remembers its prompt for tier 1.
+  /// outstanding on the chosen replica. Call remember() afterwards (after
+  /// replying: the request need not wait for it).
   route_decision decide(const route_query& q, std::chrono::steady_clock::time_point now);
+
+  /// Records in tier 1 that the decision's replica was sent the prompt.
+  void remember(const route_decision& d, const std::vector<std::uint64_t>& chunks,
+                std::chrono::steady_clock::time_point now);
 
   /// A request on `replica` finished (success or not).
   void finished(const std::string& replica);
@@ -123,6 +129,9 @@ public:
   std::size_t block_size() const noexcept { return block_size_; }
 
 private:
+  /// Keeps replica_holders_ in step with the holders the index has seen.
+  void refresh_holders();
+
   router_settings settings_;
   std::size_t block_size_;
   std::vector<replica_entry> replicas_;
@@ -130,6 +139,9 @@ private:
   prefix_tree tree_;
   router_counters counters_;
   std::uint64_t turn_ = 0; ///< rotates among equal choices
+
+  std::vector<std::vector<holder_id>> replica_holders_; ///< by replica index
+  std::size_t known_holders_ = 0;
 
   // Scratch, reused between decisions.
   std::vector<std::size_t> candidates_;

@@ -62,6 +62,15 @@ route_query query(std::vector<block_key> keys, std::string text = {}) {
   return q;
 }
 
+/// Decides and then remembers the prompt, as the router actor does.
+route_decision route(router_core& rc, const route_query& q,
+                     std::chrono::steady_clock::time_point now) {
+  auto d = rc.decide(q, now);
+  if (!q.dry_run)
+    rc.remember(d, q.chunks, now);
+  return d;
+}
+
 const replica_score& score_of(const route_decision& d, const std::string& replica) {
   for (const auto& s : d.scores)
     if (s.replica == replica)
@@ -77,7 +86,7 @@ TEST(router_core, no_replica_for_an_unknown_model) {
   router_core rc(four_replicas());
   route_query q;
   q.model = "gpt-9";
-  auto d = rc.decide(q, t0);
+  auto d = route(rc, q, t0);
   EXPECT_TRUE(d.replica.empty());
   EXPECT_EQ(d.tier, route_tier::none);
   EXPECT_EQ(d.error, "no replica serves model 'gpt-9'");
@@ -88,14 +97,14 @@ TEST(router_core, without_any_prefix_the_least_loaded_in_turn) {
   router_core rc(four_replicas());
   std::set<std::string> chosen;
   for (int i = 0; i < 4; ++i) {
-    auto d = rc.decide(query({}), t0);
+    auto d = route(rc, query({}), t0);
     EXPECT_EQ(d.tier, route_tier::load);
     chosen.insert(d.replica);
   }
   EXPECT_EQ(chosen.size(), 4u) << "each request went to an idle replica";
   EXPECT_EQ(rc.counters().decisions[static_cast<int>(route_tier::load)], 4u);
   rc.finished("r2");
-  EXPECT_EQ(rc.decide(query({}), t0).replica, "r2") << "the only one with nothing in flight";
+  EXPECT_EQ(route(rc, query({}), t0).replica, "r2") << "the only one with nothing in flight";
 }
 
 TEST(router_core, tier2_picks_the_longest_held_prefix_and_its_rank) {
@@ -104,7 +113,7 @@ TEST(router_core, tier2_picks_the_longest_held_prefix_and_its_rank) {
   hold(rc, "r1", gpu({1, 2, 3, 4}), 1);
   hold(rc, "r1", gpu({1}), 0);
   hold(rc, "r2", gpu({2, 3, 4, 5})); // not the prompt's start
-  auto d = rc.decide(query({1, 2, 3, 4, 5}), t0);
+  auto d = route(rc, query({1, 2, 3, 4, 5}), t0);
   EXPECT_EQ(d.replica, "r1");
   EXPECT_EQ(d.tier, route_tier::kv);
   EXPECT_DOUBLE_EQ(d.score, 0.8);
@@ -120,7 +129,7 @@ TEST(router_core, cpu_blocks_count_less) {
   router_core rc(four_replicas()); // cpu_weight 0.5
   hold(rc, "r0", gpu({1, 2, 3}));
   hold(rc, "r1", {{1, medium::cpu}, {2, medium::cpu}, {3, medium::cpu}, {4, medium::cpu}});
-  auto d = rc.decide(query({1, 2, 3, 4}), t0);
+  auto d = route(rc, query({1, 2, 3, 4}), t0);
   EXPECT_EQ(d.replica, "r0");
   EXPECT_DOUBLE_EQ(score_of(d, "r1").kv, 0.5);
   EXPECT_EQ(score_of(d, "r1").kv_blocks, 4u);
@@ -139,8 +148,8 @@ TEST(router_core, scores_within_the_margin_go_to_the_least_loaded) {
   }
   hold(rc, "r0", all);
   hold(rc, "r1", most); // 0.975 vs 1.0: within 0.05
-  EXPECT_EQ(rc.decide(query(prompt), t0).replica, "r0") << "equal load: the higher score";
-  auto d = rc.decide(query(prompt), t0);
+  EXPECT_EQ(route(rc, query(prompt), t0).replica, "r0") << "equal load: the higher score";
+  auto d = route(rc, query(prompt), t0);
   EXPECT_EQ(d.replica, "r1") << "r0 has one in flight now; r1 is within the margin";
   EXPECT_EQ(d.tier, route_tier::kv);
 }
@@ -150,8 +159,8 @@ TEST(router_core, the_hot_spot_guard_skips_an_overloaded_replica) {
   hold(rc, "r0", gpu({1, 2, 3, 4}));
   hold(rc, "r1", gpu({1, 2}));
   for (int i = 0; i < 5; ++i)
-    EXPECT_EQ(rc.decide(query({1, 2, 3, 4}), t0).replica, "r0");
-  auto d = rc.decide(query({1, 2, 3, 4}), t0);
+    EXPECT_EQ(route(rc, query({1, 2, 3, 4}), t0).replica, "r0");
+  auto d = route(rc, query({1, 2, 3, 4}), t0);
   EXPECT_TRUE(score_of(d, "r0").hot) << "5 outstanding > 0 + 4";
   EXPECT_EQ(d.replica, "r1");
   EXPECT_EQ(d.tier, route_tier::kv);
@@ -162,12 +171,12 @@ TEST(router_core, tier1_when_tokenization_failed) {
   router_core rc(four_replicas());
   std::string text(64, 'p');
   hold(rc, "r0", gpu({1, 2}));
-  auto first = rc.decide(query({}, text), t0); // by load; remembered for tier 1
+  auto first = route(rc, query({}, text), t0); // by load; remembered for tier 1
   ASSERT_EQ(first.tier, route_tier::load);
   rc.finished(first.replica);
   route_query q = query({}, text + "and more text");
   q.tokenized = false;
-  auto d = rc.decide(q, t0);
+  auto d = route(rc, q, t0);
   EXPECT_EQ(d.replica, first.replica);
   EXPECT_EQ(d.tier, route_tier::approx);
   EXPECT_DOUBLE_EQ(d.score, 1.0 * 8 / 9) << "8 of the 9 chunks were sent there";
@@ -176,11 +185,11 @@ TEST(router_core, tier1_when_tokenization_failed) {
 TEST(router_core, tier1_when_tier2_finds_nothing) {
   router_core rc(four_replicas());
   std::string text(64, 'p');
-  auto first = rc.decide(query({}, text), t0);
+  auto first = route(rc, query({}, text), t0);
   rc.finished(first.replica);
   hold(rc, "r0", gpu({7}));
   hold(rc, "r1", gpu({7}));
-  auto d = rc.decide(query({1, 2}, text), t0);
+  auto d = route(rc, query({1, 2}, text), t0);
   EXPECT_EQ(d.tier, route_tier::approx);
   EXPECT_EQ(d.replica, first.replica);
 }
@@ -191,11 +200,11 @@ TEST(router_core, untrusted_replicas_are_scored_by_tier1_beside_trusted_ones) {
   // Send the text to r2 (no KV state) by excluding the others.
   auto q = query({}, text);
   q.exclude = {"r0", "r1", "r3"};
-  ASSERT_EQ(rc.decide(q, t0).replica, "r2");
+  ASSERT_EQ(route(rc, q, t0).replica, "r2");
   rc.finished("r2");
   hold(rc, "r0", gpu({1}));                                     // kv 0.25
   hold(rc, "r1", gpu({1, 2, 3, 4}), 0, parity_state::mismatch); // not trusted
-  auto d = rc.decide(query({1, 2, 3, 4}, text), t0);
+  auto d = route(rc, query({1, 2, 3, 4}, text), t0);
   EXPECT_FALSE(score_of(d, "r1").trusted) << "a hash mismatch is never routed on";
   EXPECT_EQ(d.replica, "r2") << "tier 1's 1.0 for r2 beats r0's 0.25 by tier 2";
   EXPECT_EQ(d.tier, route_tier::approx);
@@ -207,14 +216,14 @@ TEST(router_core, a_dry_run_changes_nothing) {
   std::string text(64, 'd');
   auto q = query({}, text);
   q.dry_run = true;
-  auto d = rc.decide(q, t0);
+  auto d = route(rc, q, t0);
   EXPECT_EQ(d.tier, route_tier::load);
   EXPECT_EQ(rc.counters().decisions[static_cast<int>(route_tier::load)], 0u);
   for (const auto& r : rc.replicas())
     EXPECT_EQ(r.outstanding, 0u);
   q.dry_run = false;
   q.tokenized = false;
-  EXPECT_EQ(rc.decide(q, t0).tier, route_tier::load) << "the dry run left no tier-1 trace";
+  EXPECT_EQ(route(rc, q, t0).tier, route_tier::load) << "the dry run left no tier-1 trace";
 }
 
 TEST(router_core, excluded_and_down_replicas) {
@@ -222,20 +231,20 @@ TEST(router_core, excluded_and_down_replicas) {
   hold(rc, "r0", gpu({1, 2}));
   auto q = query({1, 2});
   q.exclude = {"r0"};
-  auto d = rc.decide(q, t0);
+  auto d = route(rc, q, t0);
   EXPECT_NE(d.replica, "r0");
   EXPECT_EQ(d.tier, route_tier::load);
   rc.finished(d.replica);
   rc.mark_down("r0", t0 + 10s);
-  EXPECT_NE(rc.decide(query({1, 2}), t0).replica, "r0") << "down for 10 s";
-  EXPECT_EQ(rc.decide(query({1, 2}), t0 + 11s).replica, "r0") << "back after that";
+  EXPECT_NE(route(rc, query({1, 2}), t0).replica, "r0") << "down for 10 s";
+  EXPECT_EQ(route(rc, query({1, 2}), t0 + 11s).replica, "r0") << "back after that";
   for (const char* r : {"r0", "r1", "r2", "r3"})
     rc.mark_down(r, t0 + 60s);
-  d = rc.decide(query({1, 2}), t0 + 20s);
+  d = route(rc, query({1, 2}), t0 + 20s);
   EXPECT_EQ(d.replica, "r0") << "every candidate down: try them anyway, best first";
   EXPECT_TRUE(score_of(d, "r0").down);
   q.exclude = {"r0", "r1", "r2", "r3"};
-  d = rc.decide(q, t0);
+  d = route(rc, q, t0);
   EXPECT_EQ(d.error, "every replica serving model 'llama' was tried");
 }
 
@@ -246,9 +255,9 @@ TEST(router_core, lora_adapters_route_to_the_replicas_serving_them) {
   route_query q;
   q.model = "sql";
   for (int i = 0; i < 3; ++i)
-    EXPECT_EQ(rc.decide(q, t0).replica, "r3");
+    EXPECT_EQ(route(rc, q, t0).replica, "r3");
   q.model = "qwen";
-  EXPECT_EQ(rc.decide(q, t0).replica, "q0");
+  EXPECT_EQ(route(rc, q, t0).replica, "q0");
   EXPECT_TRUE(rc.serves("sql"));
   EXPECT_FALSE(rc.serves("mistral"));
 }
