@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <fcntl.h>
+#include <filesystem>
 #include <memory>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -138,7 +139,10 @@ std::string ensure_ca(const std::string& dir, int days) {
   auto key_path = dir + "/ca.key";
   if (exists(cert_path) && exists(key_path))
     return {};
-  ::mkdir(dir.c_str(), 0755);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec)
+    return fmt::format("cannot create '{}': {}", dir, ec.message());
   pkey_ptr key(EVP_EC_gen("P-256"));
   if (!key)
     return ssl_error("generating the CA key");

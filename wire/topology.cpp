@@ -569,7 +569,10 @@ void check_cluster_wide(checker& c, const std::vector<const toml::value*>& value
                                              k, topo.nodes[caf_ports[k]].name));
     }
     if (n.http_port != 0) {
-      auto k = n.http_host + ":" + std::to_string(n.http_port);
+      // A wildcard listen address is per machine: two nodes clash only on
+      // the same host.
+      bool wildcard = n.http_host == "0.0.0.0" || n.http_host == "::";
+      auto k = (wildcard ? n.host : n.http_host) + ":" + std::to_string(n.http_port);
       if (!http_ports.emplace(k, i).second)
         c.problem(node_value(i), fmt::format("node '{}': http {} is already used by node '{}'",
                                              n.name, k, topo.nodes[http_ports[k]].name));

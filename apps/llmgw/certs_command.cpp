@@ -22,7 +22,9 @@ void add_certs_command(CLI::App& app, int& exit_code) {
   };
   auto opts = std::make_shared<options>();
   cmd->add_option("--out", opts->out, "folder for ca.pem/ca.key and NAME.pem/NAME.key")->required();
-  cmd->add_option("--host", opts->hosts, "a DNS name or IP address the nodes are reached at");
+  // One value per --host: a vector option would swallow the node names after it.
+  cmd->add_option("--host", opts->hosts, "a DNS name or IP address the nodes are reached at")
+    ->allow_extra_args(false);
   cmd->add_option("names", opts->names, "node names")->required();
   cmd->add_option("--days", opts->days, "validity in days")
     ->check(CLI::Range(1, 3650))

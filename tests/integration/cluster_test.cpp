@@ -246,3 +246,26 @@ TEST(cluster, an_agent_must_connect_from_its_own_host) {
     5s))
     << c.log_of("agent-b");
 }
+
+TEST(cluster, a_frozen_agent_is_found_by_heartbeats_and_comes_back) {
+  test_cluster c(one_control_two_agents()); // heartbeat 200 ms, connection timeout 1 s
+  c.start("control-1");
+  ASSERT_TRUE(c.wait_ready("control-1", 10s));
+  c.start("agent-a");
+  c.start("agent-b");
+  ASSERT_TRUE(test_cluster::eventually(
+    [&] { return holds(c, "control-1", "b0", "S2_churn.map.int.json"); }, 10s * slow_factor));
+  c.signal("agent-b", SIGSTOP); // alive, connected, silent
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(
+    test_cluster::eventually([&] { return !has_state(c, "control-1", "b0"); }, 5s * slow_factor))
+    << "a frozen agent must not be trusted forever";
+  std::fprintf(
+    stderr, "frozen agent-b dropped after %.0f ms\n",
+    std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  EXPECT_TRUE(holds(c, "control-1", "a0", "S1_basic.map.int.json")) << "agent-a is untouched";
+  c.signal("agent-b", SIGCONT);
+  EXPECT_TRUE(test_cluster::eventually(
+    [&] { return holds(c, "control-1", "b0", "S2_churn.map.int.json"); }, 10s * slow_factor))
+    << "thawed, it reconnects and sends a full copy";
+}

@@ -121,6 +121,12 @@ std::optional<int> test_cluster::stop(const std::string& name, int sig) {
   return code;
 }
 
+void test_cluster::signal(const std::string& name, int sig) {
+  auto it = running_.find(name);
+  if (it != running_.end() && it->second)
+    it->second->signal(sig);
+}
+
 bool test_cluster::eventually(const std::function<bool()>& check,
                               std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;

@@ -63,6 +63,9 @@ public:
   /// Sends `sig` to the node and waits (bounded) for it to exit; the exit code.
   std::optional<int> stop(const std::string& name, int sig);
 
+  /// Sends `sig` to the node without waiting (SIGSTOP, SIGCONT).
+  void signal(const std::string& name, int sig);
+
   /// Waits until the control node's gateway answers /healthz.
   bool wait_ready(const std::string& control, std::chrono::milliseconds timeout);
 

@@ -251,6 +251,23 @@ url = "http://127.0.0.1:8003"
   EXPECT_TRUE(has_problem(p, 41, "replica 'a0' is defined twice"));
 }
 
+TEST(topology, wildcard_http_addresses_clash_only_on_one_host) {
+  auto two = valid_text() + R"(
+[[node]]
+name = "control-2"
+host = "127.0.0.2"
+port = 7100
+roles = ["control"]
+http = "0.0.0.0:8080"
+cert = "agent-b.pem"
+key = "agent-b.key"
+)";
+  two = replace(two, "http = \"127.0.0.1:8080\"", "http = \"0.0.0.0:8080\"");
+  EXPECT_TRUE(parse(two).value) << "different machines";
+  auto p = problems_of(replace(two, "host = \"127.0.0.2\"", "host = \"127.0.0.1\""));
+  EXPECT_TRUE(has_problem(p, 0, "http 127.0.0.1:8080 is already used by node 'control-1'"));
+}
+
 TEST(topology, tls_files_are_checked_before_anything_starts) {
   auto p = problems_of(replace(valid_text(), "key = \"control-1.key\"", "key = \"agent-a.key\""));
   EXPECT_TRUE(has_problem(p, 15, "does not belong to certificate"));

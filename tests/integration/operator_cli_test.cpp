@@ -1,0 +1,118 @@
+// The operator's commands for a cluster as a user runs them: llmgw certs,
+// llmgw check, and llmgw node refusing what it cannot run.
+#include "tests/integration/child_process.hpp"
+#include "tests/integration/test_cluster.hpp"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+using namespace std::chrono_literals;
+using llmgw::test::child_process;
+
+namespace {
+
+std::string all_stderr(child_process& proc) {
+  std::string out;
+  while (auto line = proc.read_stderr_line(5s))
+    out += *line + "\n";
+  return out;
+}
+
+} // namespace
+
+TEST(llmgw_check, lists_every_problem_with_its_line_and_fails) {
+  llmgw::test::test_cluster c(
+    {{"control-1", true, false, "127.0.0.1", {}},
+     {"agent-a", false, true, "127.0.0.1", {{"a0", "S1_basic.map.int.json"}}}});
+  child_process ok({LLMGW_BINARY, "check", "--config", c.topology_path()});
+  auto summary = ok.read_stdout_all(10s);
+  EXPECT_EQ(ok.wait(10s), 0);
+  EXPECT_NE(
+    summary.find("cluster 'test', 2 nodes, 1 engine, block size 16, seed \"0\", mutual TLS"),
+    std::string::npos)
+    << summary;
+  EXPECT_NE(summary.find("engine a0 model m"), std::string::npos);
+
+  auto bad = c.dir() + "/bad.toml";
+  std::ofstream(bad) << "[cluster]\nname = \"x\"\nhash_seed = \"random\"\nblock_size = 16\n"
+                        "colour = \"blue\"\n\n[tls]\nplaintext = true\n\n[[node]]\n"
+                        "name = \"a\"\nhost = \"10.1.2.3\"\nroles = [\"agent\"]\n";
+  child_process proc({LLMGW_BINARY, "check", "--config", bad});
+  auto err = all_stderr(proc);
+  EXPECT_EQ(proc.wait(10s), 2);
+  EXPECT_NE(err.find("has 4 problems"), std::string::npos) << err;
+  EXPECT_NE(err.find(bad + ":3:13: cluster.hash_seed 'random' must be a decimal integer"),
+            std::string::npos)
+    << err;
+  EXPECT_NE(err.find(bad + ":5:10: unknown key 'colour' in [cluster]"), std::string::npos) << err;
+  EXPECT_NE(err.find("no node has the control role"), std::string::npos) << err;
+  EXPECT_NE(err.find("node 'a' is on 10.1.2.3 but [tls] plaintext = true"), std::string::npos)
+    << err;
+}
+
+TEST(llmgw_node, refuses_what_it_cannot_run) {
+  llmgw::test::test_cluster c({{"control-1", true, false, "127.0.0.1", {}}});
+  child_process unknown({LLMGW_BINARY, "node", "--config", c.topology_path(), "--node", "nope"});
+  auto err = all_stderr(unknown);
+  EXPECT_EQ(unknown.wait(10s), 2);
+  EXPECT_NE(err.find("no node 'nope' in"), std::string::npos) << err;
+  EXPECT_NE(err.find("(nodes: control-1)"), std::string::npos) << err;
+
+  // A key that does not belong to its certificate: refused before CAF starts
+  // (CAF would hang in the handshake).
+  std::ifstream in(c.topology_path());
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto at = text.find("key = \"control-1.key\"");
+  ASSERT_NE(at, std::string::npos);
+  llmgw::test::test_cluster other({{"stranger", true, false, "127.0.0.1", {}}});
+  text.replace(at, 21, "key = \"" + other.dir() + "/stranger.key\"");
+  auto swapped = c.dir() + "/swapped.toml";
+  std::ofstream(swapped) << text;
+  child_process mismatch({LLMGW_BINARY, "node", "--config", swapped, "--node", "control-1"});
+  err = all_stderr(mismatch);
+  EXPECT_EQ(mismatch.wait(10s), 2);
+  EXPECT_NE(err.find("does not belong to certificate"), std::string::npos) << err;
+}
+
+TEST(llmgw_certs, makes_a_ca_and_node_certificates_that_check_accepts) {
+  char tmpl[] = "/tmp/llmgw-certs-XXXXXX";
+  std::string dir = ::mkdtemp(tmpl);
+  child_process proc(
+    {LLMGW_BINARY, "certs", "--out", dir + "/pki", "--host", "10.0.0.9", "n1", "n2"});
+  auto out = proc.read_stdout_all(10s);
+  EXPECT_EQ(proc.wait(10s), 0);
+  EXPECT_NE(out.find("n1: cert = \"" + dir + "/pki/n1.pem\""), std::string::npos) << out;
+  std::ofstream(dir + "/t.toml")
+    << "[cluster]\nname = \"c\"\nhash_seed = \"0\"\nblock_size = 16\n[tls]\nca = \"pki/ca.pem\"\n"
+       "[[node]]\nname = \"n1\"\nhost = \"127.0.0.1\"\nport = 7000\nroles = [\"control\"]\n"
+       "http = \"127.0.0.1:8000\"\ncert = \"pki/n1.pem\"\nkey = \"pki/n1.key\"\n"
+       "[[node]]\nname = \"n2\"\nhost = \"10.0.0.9\"\nroles = [\"agent\"]\n"
+       "cert = \"pki/n2.pem\"\nkey = \"pki/n2.key\"\n";
+  child_process check({LLMGW_BINARY, "check", "--config", dir + "/t.toml"});
+  check.read_stdout_all(10s);
+  EXPECT_EQ(check.wait(10s), 0) << all_stderr(check);
+  // Adding a node later keeps the CA: n1's certificate stays valid.
+  child_process more({LLMGW_BINARY, "certs", "--out", dir + "/pki", "n3"});
+  more.read_stdout_all(10s);
+  EXPECT_EQ(more.wait(10s), 0);
+  child_process again({LLMGW_BINARY, "check", "--config", dir + "/t.toml"});
+  again.read_stdout_all(10s);
+  EXPECT_EQ(again.wait(10s), 0);
+  std::system(("rm -rf " + dir).c_str());
+}
+
+TEST(deploy, the_example_topology_is_valid) {
+  char tmpl[] = "/tmp/llmgw-deploy-XXXXXX";
+  std::string dir = ::mkdtemp(tmpl);
+  std::system(("cp " LLMGW_SOURCE_DIR "/deploy/topology/three-machines.toml " + dir).c_str());
+  child_process certs(
+    {LLMGW_BINARY, "certs", "--out", dir + "/certs", "ctl-1", "ctl-2", "gpu-1", "gpu-2"});
+  certs.read_stdout_all(10s);
+  ASSERT_EQ(certs.wait(10s), 0);
+  child_process check({LLMGW_BINARY, "check", "--config", dir + "/three-machines.toml"});
+  auto out = check.read_stdout_all(10s);
+  EXPECT_EQ(check.wait(10s), 0) << all_stderr(check);
+  EXPECT_NE(out.find("cluster 'prod', 4 nodes, 4 engines"), std::string::npos) << out;
+  std::system(("rm -rf " + dir).c_str());
+}
