@@ -97,7 +97,7 @@ agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg) {
     }
     bool events = !ranks.empty();
     std::uint16_t replay_base = 0;
-    if (events && !e.command.empty() && e.replay)
+    if (events && !e.launch.empty() && e.replay)
       replay_base = free_port_run(e.dp_size);
     std::vector<mirror_actor> mirrors;
     for (std::uint32_t r = 0; r < e.dp_size; ++r) {
@@ -124,9 +124,9 @@ agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg) {
         sys.spawn<caf::detached>(subscriber, ranks[r].socket, opts, mirrors[r], stats));
     }
     out.events_endpoints.push_back(events ? ranks[0].endpoint : std::string{});
-    if (!e.command.empty()) {
+    if (!e.launch.empty()) {
       wire::engine_launch_options lo;
-      lo.command = e.command;
+      lo.command = e.launch;
       lo.seed = cfg.seed;
       lo.kv_events = events;
       lo.topic = e.topic;

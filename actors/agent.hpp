@@ -7,6 +7,7 @@
 #pragma once
 
 #include "actors/forwarder.hpp"
+#include "wire/topology.hpp"
 
 #include <caf/fwd.hpp>
 
@@ -17,16 +18,9 @@
 
 namespace llmgw {
 
-struct agent_engine_config {
-  std::string replica;
-  std::vector<std::string> command; ///< empty: an attached engine
-  bool kv_events = false;
-  std::string topic;
-  std::uint32_t dp_size = 1;     ///< ranks publish on events_port + rank
-  std::uint16_t events_port = 0; ///< 0: any free port (launched engines)
-  bool replay = true;            ///< launched engines: give them a replay endpoint
-  std::string replay_endpoint;   ///< attached engines: theirs, if any
-};
+/// An engine of the node, as the topology describes it (launch empty: an
+/// attached engine, started by the operator).
+using agent_engine_config = wire::engine_spec;
 
 struct agent_control_config {
   std::string name;

@@ -35,17 +35,20 @@ connect_function middleman_connector(const std::string& host, std::uint16_t port
                                      const std::set<std::string>& ifs) {
             if (!control) {
               LLMGW_LOG(warning, "connector " + where, "nothing is published there");
+              caf::anon_send(fwd, connected_atom::value, caf::strong_actor_ptr{});
               return;
             }
             if (!std::includes(ifs.begin(), ifs.end(), expected_ifs.begin(), expected_ifs.end())) {
               LLMGW_LOG(error, "connector " + where,
                         "the actor there is not an llmgw control node (different interface)");
+              caf::anon_send(fwd, connected_atom::value, caf::strong_actor_ptr{});
               return;
             }
             caf::anon_send(fwd, connected_atom::value, std::move(control));
           },
-          [where](const caf::error& err) {
+          [fwd, where](const caf::error& err) {
             LLMGW_LOG(warning, "connector " + where, "connect failed: {}", caf::to_string(err));
+            caf::anon_send(fwd, connected_atom::value, caf::strong_actor_ptr{});
           });
     });
   };

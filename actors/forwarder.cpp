@@ -35,12 +35,28 @@ void send_update(self_ptr self, replica_update u) {
   self->send(st.control, std::move(u));
 }
 
+/// Schedules the next connection attempt, unless one is scheduled already:
+/// one chain of attempts at a time.
 void schedule_connect(self_ptr self) {
   auto& st = self->state;
+  if (st.connect_scheduled)
+    return;
   st.backoff =
     st.backoff.count() == 0 ? st.opts.backoff_min : std::min(st.backoff * 2, st.opts.backoff_max);
   st.connect_scheduled = true;
   self->delayed_send(self, st.backoff, connect_atom::value);
+}
+
+/// Starts a connection attempt unless connected or one is in flight: CAF
+/// leaks the duplicate when two connections to one node race (seen under
+/// ASan with slow TLS handshakes), so there is one attempt at a time and the
+/// next is scheduled only when this one reports its outcome.
+void try_connect(self_ptr self) {
+  auto& st = self->state;
+  if (st.control || st.connecting || !st.connect)
+    return;
+  st.connecting = true;
+  st.connect(self);
 }
 
 void start_session(self_ptr self, control_actor control) {
@@ -88,20 +104,22 @@ forwarder_actor::behavior_type forwarder(forwarder_actor::stateful_pointer<forwa
     schedule_connect(self);
   });
   self->delayed_send(self, st.opts.flush_interval, flush_atom::value);
-  if (st.connect)
-    st.connect(self);
+  try_connect(self);
   return {
     [self](connected_atom, const caf::strong_actor_ptr& control) {
-      if (self->state.control || !control)
-        return; // already in a session, or nothing to talk to
+      auto& st = self->state;
+      st.connecting = false;
+      if (st.control)
+        return; // already in a session
+      if (!control) {
+        schedule_connect(self); // the attempt failed: the next one waits longer
+        return;
+      }
       start_session(self, caf::actor_cast<control_actor>(control));
     },
     [self](connect_atom) {
       self->state.connect_scheduled = false;
-      if (!self->state.control && self->state.connect)
-        self->state.connect(self);
-      if (!self->state.control)
-        schedule_connect(self); // if this attempt fails, the next one waits longer
+      try_connect(self);
     },
     [self](flush_atom) {
       auto& st = self->state;
@@ -134,7 +152,7 @@ forwarder_actor::behavior_type forwarder(forwarder_actor::stateful_pointer<forwa
       st.control = control_actor{};
       st.window.start(0);
       st.backoff = st.opts.backoff_max;
-      if (!st.connect_scheduled) { // one chain of attempts at a time
+      if (!st.connect_scheduled) {
         st.connect_scheduled = true;
         self->delayed_send(self, st.opts.backoff_max, connect_atom::value);
       }

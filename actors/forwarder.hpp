@@ -36,8 +36,9 @@ struct mirror_entry {
 };
 
 /// Asks for a connection to the control node; whoever carries it out sends
-/// `connected_atom` with the control actor to the forwarder when it succeeds
-/// (and nothing when it fails: the forwarder retries after its backoff).
+/// `connected_atom` to the forwarder with the control actor when it succeeds,
+/// or with a null handle when it fails (the forwarder retries after its
+/// backoff). Exactly one answer per call.
 using connect_function = std::function<void(const forwarder_actor&)>;
 
 struct forwarder_state {
@@ -53,6 +54,7 @@ struct forwarder_state {
   std::uint64_t flushes_skipped = 0;  ///< flushes that found the window full
   std::uint64_t sessions_refused = 0; ///< sessions the control node refused
   bool connect_scheduled = false;     ///< a connect_atom is on its way
+  bool connecting = false;            ///< an attempt is in flight
   static inline const char* name = "forwarder";
 };
 

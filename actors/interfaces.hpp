@@ -52,7 +52,8 @@ using mirror_actor = caf::typed_actor<
 
 /// One per control node on an agent node: sends its node's mirrors' changes.
 using forwarder_actor = caf::typed_actor<
-  // The control node's actor (a control_actor) is reachable: start a session.
+  // The outcome of a connection attempt: the control node's actor (a
+  // control_actor) to start a session with, or null when the attempt failed.
   caf::reacts_to<connected_atom, caf::strong_actor_ptr>,
   // Time to ask for a connection (again): the backoff timer fired.
   caf::reacts_to<connect_atom>,

@@ -84,19 +84,7 @@ agent_config agent_config_of(const wire::topology& topo, const wire::node_spec& 
   cfg.seed = topo.seed;
   cfg.block_size = topo.block_size;
   cfg.flush_interval = topo.flush_interval;
-  cfg.connect_timeout = topo.connection_timeout;
-  for (const auto& e : node.engines) {
-    agent_engine_config a;
-    a.replica = e.replica;
-    a.command = e.launch;
-    a.kv_events = e.kv_events;
-    a.topic = e.topic;
-    a.dp_size = e.dp_size;
-    a.events_port = e.events_port;
-    a.replay = e.replay;
-    a.replay_endpoint = e.replay_endpoint;
-    cfg.engines.push_back(std::move(a));
-  }
+  cfg.engines = node.engines;
   for (const auto* c : topo.controls())
     cfg.controls.push_back({c->name, c->host, c->port});
   return cfg;

@@ -32,8 +32,9 @@ struct forwarder_test : llmgw::test::deterministic {
     opts.window = window;
     auto connect = [this](const forwarder_actor& f) {
       ++connect_calls;
-      if (reachable)
-        caf::anon_send(f, connected_atom::value, caf::actor_cast<caf::strong_actor_ptr>(control));
+      caf::anon_send(f, connected_atom::value,
+                     reachable ? caf::actor_cast<caf::strong_actor_ptr>(control)
+                               : caf::strong_actor_ptr{});
     };
     auto f = sys.spawn(forwarder, opts, std::vector<mirror_entry>{{"r0", m0}, {"r1", m1}},
                        connect_function(connect));
@@ -156,4 +157,21 @@ TEST_F(forwarder_test, a_lost_control_node_gets_a_new_session_with_a_full_copy) 
   EXPECT_EQ(full.added.size(),
             s1[0]->events[0].block_hashes.size() + s1[1]->events[0].block_hashes.size())
     << "the full copy includes what changed while disconnected";
+}
+
+TEST_F(forwarder_test, a_first_connect_that_fails_is_tried_again) {
+  reachable = false; // the control node is not up yet, or the handshake timed out
+  start();
+  EXPECT_EQ(connect_calls, 1);
+  sched.advance_time(100ms);
+  sched.run();
+  EXPECT_EQ(connect_calls, 2) << "the first attempt is covered by the backoff like any other";
+  reachable = true;
+  sched.advance_time(200ms);
+  sched.run();
+  EXPECT_EQ(connect_calls, 3);
+  ASSERT_EQ(log->hellos.size(), 1u);
+  sched.advance_time(1000ms);
+  sched.run();
+  EXPECT_EQ(connect_calls, 3) << "connected: no more attempts";
 }

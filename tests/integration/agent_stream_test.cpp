@@ -304,8 +304,7 @@ TEST(agent_node, launches_an_engine_and_forwards_its_blocks) {
   cfg.flush_interval = 50ms;
   agent_engine_config engine;
   engine.replica = "r0";
-  engine.command = {LLMGW_TEST_ENGINE, "--capture", capture, "--prefix-caching-hash-algo",
-                    "sha256"};
+  engine.launch = {LLMGW_TEST_ENGINE, "--capture", capture, "--prefix-caching-hash-algo", "sha256"};
   engine.kv_events = true;
   engine.topic = c.topic;
   cfg.engines.push_back(engine);

@@ -53,6 +53,14 @@ bool has_state(test_cluster& c, const std::string& control, const std::string& r
   return r && r->at("has_state").as_bool();
 }
 
+/// Starts control-1, waits for its gateway, then starts both agents.
+void start_control_and_agents(test_cluster& c) {
+  c.start("control-1");
+  ASSERT_TRUE(c.wait_ready("control-1", 10s)) << c.log_of("control-1");
+  c.start("agent-a");
+  c.start("agent-b");
+}
+
 std::vector<test_node_spec> one_control_two_agents() {
   return {
     {"control-1", true, false, "127.0.0.1", {}},
@@ -73,10 +81,7 @@ std::vector<test_node_spec> one_control_two_agents() {
 
 TEST(cluster, the_control_nodes_index_equals_the_agents_mirrors) {
   test_cluster c(one_control_two_agents());
-  c.start("control-1");
-  ASSERT_TRUE(c.wait_ready("control-1", 10s)) << c.log_of("control-1");
-  c.start("agent-a");
-  c.start("agent-b");
+  start_control_and_agents(c);
   EXPECT_TRUE(test_cluster::eventually(
     [&] {
       return holds(c, "control-1", "a0", "S1_basic.map.int.json")
@@ -142,10 +147,7 @@ TEST(cluster, a_node_claiming_another_nodes_replica_is_refused) {
 
 TEST(cluster, a_killed_agent_loses_its_replicas_at_once) {
   test_cluster c(one_control_two_agents());
-  c.start("control-1");
-  ASSERT_TRUE(c.wait_ready("control-1", 10s));
-  c.start("agent-a");
-  c.start("agent-b");
+  start_control_and_agents(c);
   ASSERT_TRUE(test_cluster::eventually(
     [&] {
       return holds(c, "control-1", "a0", "S1_basic.map.int.json")
@@ -166,10 +168,7 @@ TEST(cluster, a_killed_agent_loses_its_replicas_at_once) {
 
 TEST(cluster, a_restarted_control_node_gets_full_copies_within_a_second) {
   test_cluster c(one_control_two_agents());
-  c.start("control-1");
-  ASSERT_TRUE(c.wait_ready("control-1", 10s));
-  c.start("agent-a");
-  c.start("agent-b");
+  start_control_and_agents(c);
   auto all_held = [&] {
     return holds(c, "control-1", "a0", "S1_basic.map.int.json")
            && holds(c, "control-1", "a1", "S3_lora_salt.array.bytes.json")
@@ -224,10 +223,7 @@ TEST(cluster, an_agent_must_connect_from_its_own_host) {
   auto nodes = one_control_two_agents();
   nodes[2].host = "127.0.0.2"; // agent-b's host; its connection comes from 127.0.0.1
   test_cluster c(nodes);
-  c.start("control-1");
-  ASSERT_TRUE(c.wait_ready("control-1", 10s));
-  c.start("agent-a");
-  c.start("agent-b");
+  start_control_and_agents(c);
   EXPECT_TRUE(test_cluster::eventually(
     [&] {
       return c.metric("control-1", "llmgw_agent_sessions_refused_total{reason=\"address\"}") >= 1;
@@ -249,10 +245,7 @@ TEST(cluster, an_agent_must_connect_from_its_own_host) {
 
 TEST(cluster, a_frozen_agent_is_found_by_heartbeats_and_comes_back) {
   test_cluster c(one_control_two_agents()); // heartbeat 200 ms, connection timeout 1 s
-  c.start("control-1");
-  ASSERT_TRUE(c.wait_ready("control-1", 10s));
-  c.start("agent-a");
-  c.start("agent-b");
+  start_control_and_agents(c);
   ASSERT_TRUE(test_cluster::eventually(
     [&] { return holds(c, "control-1", "b0", "S2_churn.map.int.json"); }, 10s * slow_factor));
   c.signal("agent-b", SIGSTOP); // alive, connected, silent
