@@ -9,7 +9,8 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
-#include <spawn.h>
+#include <fcntl.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -22,7 +23,36 @@ namespace {
 
 using self_ptr = engine_supervisor_actor::stateful_pointer<engine_supervisor_state>;
 
-/// posix_spawnp with llmgw's environment plus the launch's overrides.
+/// The path execve needs: `name` itself if it has a slash, else the first
+/// executable file of that name on PATH ("" if none).
+std::string resolve_executable(const std::string& name) {
+  if (name.find('/') != std::string::npos)
+    return name;
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  std::size_t at = 0;
+  while (at <= dirs.size()) {
+    auto colon = dirs.find(':', at);
+    auto dir = dirs.substr(at, colon == std::string::npos ? std::string::npos : colon - at);
+    auto candidate = (dir.empty() ? std::string(".") : dir) + "/" + name;
+    if (::access(candidate.c_str(), X_OK) == 0)
+      return candidate;
+    if (colon == std::string::npos)
+      break;
+    at = colon + 1;
+  }
+  return {};
+}
+
+/// Starts the engine with llmgw's environment plus the launch's overrides.
+///
+/// fork + execve rather than posix_spawn, for two things only the child can
+/// ask for: PR_SET_PDEATHSIG, so the engine gets SIGTERM when this agent dies
+/// in any way (a SIGKILLed agent must not leave engines holding GPUs and
+/// ports behind, to be launched twice on restart), and its own process group,
+/// so stopping it reaches the processes it starts. Between fork and exec the
+/// child calls only async-signal-safe functions; an exec failure comes back
+/// through a close-on-exec pipe.
 pid_t spawn_engine(const wire::engine_launch& launch, std::string& error) {
   std::vector<std::string> env_strings;
   for (char** e = environ; *e; ++e) {
@@ -50,25 +80,53 @@ pid_t spawn_engine(const wire::engine_launch& launch, std::string& error) {
   for (auto& a : argv_strings)
     argv.push_back(a.data());
   argv.push_back(nullptr);
-  // The engine starts with no signal blocked and default handlers, whatever
-  // the spawning thread had: it must hear SIGTERM when llmgw stops it.
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t none;
-  sigemptyset(&none);
-  sigset_t defaults;
-  sigemptyset(&defaults);
-  sigaddset(&defaults, SIGTERM);
-  sigaddset(&defaults, SIGINT);
-  sigaddset(&defaults, SIGPIPE);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  pid_t pid = 0;
-  int rc = posix_spawnp(&pid, argv[0], nullptr, &attr, argv.data(), envp.data());
-  posix_spawnattr_destroy(&attr);
-  if (rc != 0) {
-    error = std::strerror(rc);
+  auto exe = resolve_executable(argv_strings.at(0));
+  if (exe.empty()) {
+    error = "'" + argv_strings[0] + "' is not an executable on PATH";
+    return 0;
+  }
+  int report[2];
+  if (::pipe2(report, O_CLOEXEC) != 0) {
+    error = std::string("pipe: ") + std::strerror(errno);
+    return 0;
+  }
+  pid_t parent = ::getpid();
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    error = std::string("fork: ") + std::strerror(errno);
+    ::close(report[0]);
+    ::close(report[1]);
+    return 0;
+  }
+  if (pid == 0) {
+    // The child: no signal blocked and default handlers, whatever the forking
+    // thread had (it must hear SIGTERM), its own group, death with its parent.
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    for (int sig : {SIGTERM, SIGINT, SIGPIPE, SIGHUP})
+      ::signal(sig, SIG_DFL);
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) // the agent died before prctl took effect
+      ::_exit(127);
+    ::execve(exe.c_str(), argv.data(), envp.data());
+    int err = errno;
+    ssize_t ignored = ::write(report[1], &err, sizeof err);
+    (void)ignored;
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid); // also here: a stop right after fork must reach the group
+  ::close(report[1]);
+  int child_errno = 0;
+  ssize_t n;
+  do
+    n = ::read(report[0], &child_errno, sizeof child_errno);
+  while (n < 0 && errno == EINTR);
+  ::close(report[0]);
+  if (n == sizeof child_errno) {
+    ::waitpid(pid, nullptr, 0);
+    error = exe + ": " + std::strerror(child_errno);
     return 0;
   }
   return pid;
@@ -97,12 +155,12 @@ void schedule_restart(self_ptr self) {
 void stop_engine(engine_supervisor_state& st) {
   if (st.pid <= 0)
     return;
-  kill(st.pid, SIGTERM);
+  kill(-st.pid, SIGTERM); // the engine's whole process group
   auto deadline = std::chrono::steady_clock::now() + st.opts.stop_grace;
   int status = 0;
   while (waitpid(st.pid, &status, WNOHANG) == 0) {
     if (std::chrono::steady_clock::now() >= deadline) {
-      kill(st.pid, SIGKILL);
+      kill(-st.pid, SIGKILL);
       waitpid(st.pid, &status, 0);
       break;
     }

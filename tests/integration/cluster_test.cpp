@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <signal.h>
 #include <thread>
 
 using namespace std::chrono_literals;
@@ -164,6 +165,25 @@ TEST(cluster, a_killed_agent_loses_its_replicas_at_once) {
   EXPECT_TRUE(holds(c, "control-1", "a0", "S1_basic.map.int.json")) << "agent-a is untouched";
   EXPECT_EQ(c.metric("control-1", "llmgw_kv_resets_total{replica=\"b0\",reason=\"node_down\"}"), 1);
   EXPECT_EQ(c.metric("control-1", "llmgw_agent_connected{node=\"agent-b\"}"), 0);
+}
+
+TEST(cluster, a_killed_agent_takes_its_engines_with_it) {
+  test_cluster c(one_control_two_agents());
+  start_control_and_agents(c);
+  pid_t b0 = 0, b1 = 0;
+  ASSERT_TRUE(test_cluster::eventually(
+    [&] {
+      b0 = c.engine_pid("b0");
+      b1 = c.engine_pid("b1");
+      return b0 > 0 && b1 > 0;
+    },
+    10s * slow_factor));
+  EXPECT_EQ(::kill(b0, 0), 0) << "b0's engine runs";
+  c.stop("agent-b", SIGKILL); // no chance to stop its engines itself
+  EXPECT_TRUE(test_cluster::eventually([&] { return ::kill(b0, 0) != 0 && ::kill(b1, 0) != 0; },
+                                       5s * slow_factor))
+    << "engines of a dead agent must not keep running (GPUs, ports, a second launch on restart)";
+  EXPECT_EQ(::kill(c.engine_pid("a0"), 0), 0) << "agent-a's engines are untouched";
 }
 
 TEST(cluster, a_restarted_control_node_gets_full_copies_within_a_second) {

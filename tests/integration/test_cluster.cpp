@@ -92,9 +92,9 @@ std::string test_cluster::write_topology(const std::vector<test_node_spec>& node
     for (const auto& e : n.engines) {
       t += fmt::format("\n[[node.engine]]\nreplica = \"{}\"\nmodel = \"{}\"\n"
                        "url = \"http://127.0.0.1:1\"\nkv_events = {}\n"
-                       "launch = [\"{}\", \"--capture\", \"{}\"]\n",
+                       "launch = [\"{}\", \"--capture\", \"{}\", \"--pid-file\", \"{}\"]\n",
                        e.replica, e.model, e.kv_events ? "true" : "false", LLMGW_TEST_ENGINE,
-                       capture_path(e.capture));
+                       capture_path(e.capture), engine_pid_file(e.replica));
     }
   }
   auto path = dir_ + "/" + file_name;
@@ -119,6 +119,17 @@ std::optional<int> test_cluster::stop(const std::string& name, int sig) {
   auto code = it->second->wait(10s);
   running_.erase(it);
   return code;
+}
+
+std::string test_cluster::engine_pid_file(const std::string& replica) const {
+  return dir_ + "/" + replica + ".pid";
+}
+
+pid_t test_cluster::engine_pid(const std::string& replica) const {
+  std::ifstream in(engine_pid_file(replica));
+  pid_t pid = 0;
+  in >> pid;
+  return pid;
 }
 
 void test_cluster::signal(const std::string& name, int sig) {

@@ -17,6 +17,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <sys/types.h>
 #include <vector>
 
 namespace llmgw::test {
@@ -63,6 +64,9 @@ public:
   /// Sends `sig` to the node and waits (bounded) for it to exit; the exit code.
   std::optional<int> stop(const std::string& name, int sig);
 
+  /// The pid of the test engine serving `replica` (0 before it started).
+  pid_t engine_pid(const std::string& replica) const;
+
   /// Sends `sig` to the node without waiting (SIGSTOP, SIGCONT).
   void signal(const std::string& name, int sig);
 
@@ -88,6 +92,8 @@ public:
   std::string log_of(const std::string& name);
 
 private:
+  std::string engine_pid_file(const std::string& replica) const;
+
   std::string dir_;
   std::string topology_;
   std::vector<test_node_spec> nodes_;

@@ -3,7 +3,7 @@
 // seed and hash algorithm it was given, connects to the --kv-events-config
 // endpoint like vLLM's publisher, publishes a capture's frames, and then runs
 // until SIGTERM.
-//   llmgw-test-engine --capture FILE [vLLM flags...]
+//   llmgw-test-engine --capture FILE [--pid-file FILE] [vLLM flags...]
 #include "wire/zmq_message.hpp"
 
 #include <boost/json.hpp>
@@ -17,6 +17,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <unistd.h>
 
 namespace {
 
@@ -47,6 +48,8 @@ int main(int argc, char** argv) {
       events_config = argv[++i];
     else if (a == "--prefix-caching-hash-algo")
       algo = argv[++i];
+    else if (a == "--pid-file")
+      std::ofstream(argv[++i]) << ::getpid() << "\n";
   }
   std::ifstream in(capture_path);
   std::ostringstream buf;
@@ -68,10 +71,18 @@ int main(int argc, char** argv) {
     zmq::socket_t pub(ctx, zmq::socket_type::xpub);
     pub.set(zmq::sockopt::linger, 2000);
     pub.set(zmq::sockopt::sndhwm, 0);
-    pub.set(zmq::sockopt::rcvtimeo, 10000); // then exit 6: the supervisor starts us again
+    // Wait for the subscription in short slices, so SIGTERM is heard (libzmq
+    // retries a poll a signal interrupted); after 10 s exit 6 and let the
+    // supervisor start us again.
+    pub.set(zmq::sockopt::rcvtimeo, 100);
     pub.connect(endpoint);
     zmq::message_t subscription;
-    if (!pub.recv(subscription)) {
+    bool subscribed = false;
+    for (int i = 0; i < 100 && !stop && !subscribed; ++i)
+      subscribed = pub.recv(subscription).has_value();
+    if (stop)
+      return 0;
+    if (!subscribed) {
       std::fprintf(stderr, "llmgw-test-engine: nobody subscribed at %s\n", endpoint.c_str());
       return 6;
     }
