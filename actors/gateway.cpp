@@ -51,7 +51,7 @@ bool is_lora(const wire::topology& topo, const std::string& model) {
 void decide(caf::event_based_actor* self, const gateway_peers& peers,
             const std::shared_ptr<const wire::topology>& topo, const wire::routing_request& req,
             bool dry_run, const std::vector<std::uint32_t>* tokens, double tokenize_seconds,
-            std::function<void(wire::route_decision)> done) {
+            const std::function<void(wire::route_decision)>& done) {
   wire::route_query q;
   q.model = req.model;
   q.dry_run = dry_run;
@@ -83,8 +83,8 @@ void decide(caf::event_based_actor* self, const gateway_peers& peers,
 } // namespace
 
 void route_flow(caf::actor_system& sys, const gateway_peers& peers,
-                std::shared_ptr<const wire::topology> topo, wire::routing_request req, bool dry_run,
-                std::function<void(wire::route_decision)> done) {
+                const std::shared_ptr<const wire::topology>& topo, wire::routing_request req,
+                bool dry_run, std::function<void(wire::route_decision)> done) {
   sys.spawn([peers, topo, req = std::move(req), dry_run,
              done = std::move(done)](caf::event_based_actor* self) {
     if (req.token_ids) {
@@ -133,9 +133,10 @@ gateway::gateway(caf::actor_system& sys, std::shared_ptr<const wire::topology> t
   models["object"] = "list";
   models["data"] = std::move(data);
   models_json_ = json::serialize(models);
-  server_ = std::make_unique<http_server>(
-    host, port, threads, limits,
-    [this](http_request&& req, http_responder respond) { handle(std::move(req), respond); });
+  server_ = std::make_unique<http_server>(host, port, threads, limits,
+                                          [this](http_request&& req, http_responder respond) {
+                                            handle(std::move(req), std::move(respond));
+                                          });
 }
 
 gateway::~gateway() {
@@ -224,10 +225,11 @@ void gateway::handle(http_request&& req, http_responder respond) {
       respond(error_reply(400, "BadRequestError", parsed.err().message));
       return;
     }
-    route_flow(sys_, peers_, topo_, std::move(*parsed), true, [respond](wire::route_decision d) {
-      int status = d.replica.empty() ? 404 : 200;
-      respond(json_reply(status, wire::decision_json(d)));
-    });
+    route_flow(sys_, peers_, topo_, std::move(*parsed), true,
+               [respond](const wire::route_decision& d) {
+                 int status = d.replica.empty() ? 404 : 200;
+                 respond(json_reply(status, wire::decision_json(d)));
+               });
     return;
   }
   respond(error_reply(404, "NotFoundError", "no such endpoint: " + req.method + " " + path));

@@ -41,8 +41,8 @@ struct gateway_peers {
 /// Routes one parsed request; `done` gets the decision (from an actor's
 /// thread).
 void route_flow(caf::actor_system& sys, const gateway_peers& peers,
-                std::shared_ptr<const wire::topology> topo, wire::routing_request req, bool dry_run,
-                std::function<void(wire::route_decision)> done);
+                const std::shared_ptr<const wire::topology>& topo, wire::routing_request req,
+                bool dry_run, std::function<void(wire::route_decision)> done);
 
 class gateway {
 public:

@@ -40,7 +40,7 @@ namespace {
 class exchange : public std::enable_shared_from_this<exchange> {
 public:
   exchange(asio::io_context& io, http::verb method, std::string host, std::string port,
-           std::string target, std::string body, std::chrono::milliseconds timeout,
+           const std::string& target, std::string body, std::chrono::milliseconds timeout,
            std::function<void(http_response)> done)
     : resolver_(asio::make_strand(io)), stream_(resolver_.get_executor()), host_(std::move(host)),
       port_(std::move(port)), timeout_(timeout), done_(std::move(done)) {
@@ -59,7 +59,7 @@ public:
     auto self = shared_from_this();
     stream_.expires_after(timeout_);
     resolver_.async_resolve(
-      host_, port_, [self](beast::error_code ec, tcp::resolver::results_type results) {
+      host_, port_, [self](beast::error_code ec, const tcp::resolver::results_type& results) {
         if (ec)
           return self->fail("resolve", ec);
         self->stream_.async_connect(results, [self](beast::error_code ec2, const tcp::endpoint&) {

@@ -256,7 +256,12 @@ http_server::http_server(const std::string& host, std::uint16_t port, std::size_
 }
 
 http_server::~http_server() {
-  stop();
+  try {
+    stop();
+  } catch (const std::exception& e) {
+    // Joining threads can throw std::system_error; nothing to do but say so.
+    LLMGW_LOG(error, "http", "stopping the server: {}", e.what());
+  }
 }
 
 void http_server::stop() {

@@ -39,7 +39,7 @@ void apply_update(router_state& st, const replica_update& u,
 }
 
 router_actor::behavior_type router(router_actor::stateful_pointer<router_state> self,
-                                   wire::topology topo) {
+                                   const wire::topology& topo) {
   self->state.core = std::make_unique<wire::router_core>(topo);
   return {
     [self](const replica_update& u) {

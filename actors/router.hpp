@@ -18,7 +18,7 @@ struct router_state {
 };
 
 router_actor::behavior_type router(router_actor::stateful_pointer<router_state> self,
-                                   wire::topology topo);
+                                   const wire::topology& topo);
 
 /// Applies one checked change to the router's state (what the router's
 /// replica_update handler does; exposed for tests and benchmarks).

@@ -58,7 +58,7 @@ void remember(tokenizer_state& st, std::uint64_t key, const std::vector<std::uin
 } // namespace
 
 tokenizer_actor::behavior_type tokenizer(tokenizer_actor::stateful_pointer<tokenizer_state> self,
-                                         wire::topology topo) {
+                                         const wire::topology& topo) {
   auto& st = self->state;
   for (const auto& n : topo.nodes)
     for (const auto& e : n.engines)
@@ -97,7 +97,8 @@ tokenizer_actor::behavior_type tokenizer(tokenizer_actor::stateful_pointer<token
       auto me = self->address();
       auto name = replica->name;
       st.http->post_json(
-        replica->url, "/tokenize", body, st.timeout, [me, id, start, name](http_response resp) {
+        replica->url, "/tokenize", body, st.timeout,
+        [me, id, start, name](const http_response& resp) {
           tokenize_reply r;
           r.replica = name;
           r.seconds =

@@ -47,6 +47,6 @@ struct tokenizer_state {
 };
 
 tokenizer_actor::behavior_type tokenizer(tokenizer_actor::stateful_pointer<tokenizer_state> self,
-                                         wire::topology topo);
+                                         const wire::topology& topo);
 
 } // namespace llmgw

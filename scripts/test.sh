@@ -41,6 +41,7 @@ step "benchmarks run (numbers are not checked here; see BENCHMARKS.md)"
 ./build-release/bench/llmgw-bench wire --rounds 3
 ./build-release/bench/llmgw-bench agent --rounds 3
 ./build-release/bench/llmgw-bench agent-actors --rounds 3
+./build-release/bench/llmgw-bench router --rounds 3
 
 step "tests, ASan+UBSan build"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1

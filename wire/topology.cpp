@@ -76,7 +76,9 @@ public:
   /// Reports keys of `t` (named `what`) that are not in `known`.
   void only_keys(const toml::value& t, const std::string& what,
                  std::initializer_list<const char*> known) {
-    for (const auto& [key, value] : t.as_table()) {
+    for (const auto& entry : t.as_table()) {
+      const auto& key = entry.first;
+      const auto& value = entry.second;
       bool ok = std::any_of(known.begin(), known.end(), [&](const char* k) { return key == k; });
       if (!ok) {
         std::string list;
@@ -411,7 +413,7 @@ void read_router(checker& c, const toml::value& doc, router_settings& r) {
   c.read_number(*rt, "router", "tier1_chunk_bytes", 8, 65536, r.tier1_chunk_bytes);
   c.read_number(*rt, "router", "tier1_capacity", 16, 100000000, r.tier1_capacity);
   std::int64_t ttl = 0;
-  if (c.read_int(*rt, "router", "tier1_ttl_s", 1, 30 * 86400, ttl))
+  if (c.read_int(*rt, "router", "tier1_ttl_s", 1, std::int64_t{30} * 86400, ttl))
     r.tier1_ttl = std::chrono::seconds(ttl);
   c.read_ms(*rt, "router", "tokenize_timeout_ms", 10, 60000, r.tokenize_timeout);
   c.read_number(*rt, "router", "tokenize_cache_entries", 0, 10000000, r.tokenize_cache_entries);
