@@ -2,13 +2,16 @@
 // indexes against what the agents' engines published, ownership, an agent
 // killed, a control node restarted, two control nodes side by side, and an
 // agent connecting from an address that is not its host's.
+#include "actors/http_server.hpp"
 #include "tests/integration/test_cluster.hpp"
 #include "tests/unit/support.hpp"
 
 #include <boost/json.hpp>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <csignal>
+#include <memory>
 #include <signal.h>
 #include <thread>
 
@@ -281,4 +284,107 @@ TEST(cluster, a_frozen_agent_is_found_by_heartbeats_and_comes_back) {
   EXPECT_TRUE(test_cluster::eventually(
     [&] { return holds(c, "control-1", "b0", "S2_churn.map.int.json"); }, 10s * slow_factor))
     << "thawed, it reconnects and sends a full copy";
+}
+
+namespace {
+
+/// A stand-in for the engines' /tokenize: "request N" (as a completion
+/// prompt, or as a chat's only user message) is the prompt of the capture's
+/// request N, token for token. Counts chat bodies that lack the template
+/// options a chat must be tokenized with.
+struct capture_tokenizer {
+  json::value capture;
+  std::atomic<int> calls{0};
+  std::atomic<int> bad_chat_bodies{0};
+  std::unique_ptr<llmgw::http_server> server;
+
+  explicit capture_tokenizer(const std::string& name)
+    : capture(llmgw::test::read_json(llmgw::test::capture_path(name))) {
+    server = std::make_unique<llmgw::http_server>(
+      "127.0.0.1", 0, 1, llmgw::http_server_limits{},
+      [this](llmgw::http_request&& req, llmgw::http_responder respond) {
+        ++calls;
+        auto body = json::parse(req.body).as_object();
+        std::string text;
+        if (body.contains("messages")) {
+          text = json::value_to<std::string>(body.at("messages").at(0).at("content"));
+          if (body.at("add_generation_prompt") != true || body.at("add_special_tokens") != false)
+            ++bad_chat_bodies;
+        } else {
+          text = json::value_to<std::string>(body.at("prompt"));
+        }
+        auto n = std::stoul(text.substr(text.rfind(' ') + 1));
+        const auto& r = capture.at("requests").as_array().at(n).as_object();
+        json::array tokens;
+        for (std::int64_t i = 0; i < r.at("prompt_len").as_int64(); ++i)
+          tokens.push_back(r.at("tokens").as_array()[static_cast<std::size_t>(i)]);
+        json::object out{{"count", tokens.size()}, {"max_model_len", 8192}, {"tokens", tokens}};
+        respond(llmgw::http_reply{200, "application/json", json::serialize(out), {}});
+      });
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(server->port()); }
+
+  /// The share of request n's prompt blocks, from the first, that the
+  /// capture's engine still holds at the end: what an exact router scores.
+  double expected_share(std::size_t n) const {
+    auto held = llmgw::test::capture_final_blocks(capture);
+    const auto& r = capture.at("requests").as_array().at(n).as_object();
+    auto full_blocks = static_cast<std::size_t>(r.at("prompt_len").as_int64()) / 16;
+    std::size_t leading = 0;
+    for (; leading < full_blocks; ++leading) {
+      auto key = json::value_to<std::uint64_t>(r.at("block_hashes_u64").as_array()[leading]);
+      if (!held.count({key, llmgw::wire::medium::gpu}))
+        break;
+    }
+    return static_cast<double>(leading) / static_cast<double>(full_blocks);
+  }
+};
+
+} // namespace
+
+TEST(cluster, text_prompts_route_exactly_through_tokenize_lora_and_salt) {
+  capture_tokenizer tok("S3_lora_salt.map.int.json");
+  llmgw::test::test_engine_spec lora_engine{"a0",      "S3_lora_salt.map.int.json", "m", true,
+                                            tok.url(), {"sql-lora", "chat-lora"}};
+  llmgw::test::test_engine_spec plain_engine{"a1", "S1_basic.map.int.json", "m", true, tok.url()};
+  test_cluster c({{"control-1", true, false, "127.0.0.1", {}},
+                  {"agent-a", false, true, "127.0.0.1", {lora_engine, plain_engine}}});
+  c.start("control-1");
+  ASSERT_TRUE(c.wait_ready("control-1", 10s));
+  c.start("agent-a");
+  ASSERT_TRUE(test_cluster::eventually(
+    [&] { return holds(c, "control-1", "a0", "S3_lora_salt.map.int.json"); }, 10s * slow_factor));
+  std::size_t checked = 0;
+  const auto& requests = tok.capture.at("requests").as_array();
+  for (std::size_t n = 0; n < requests.size(); ++n) {
+    const auto& r = requests[n].as_object();
+    auto share = tok.expected_share(n);
+    for (bool chat : {false, true}) {
+      json::object body{
+        {"model", r.at("lora_name").is_null() ? json::value("m") : r.at("lora_name")}};
+      if (chat)
+        body["messages"] =
+          json::array{json::object{{"role", "user"}, {"content", "request " + std::to_string(n)}}};
+      else
+        body["prompt"] = "request " + std::to_string(n);
+      if (!r.at("cache_salt").is_null())
+        body["cache_salt"] = r.at("cache_salt");
+      auto res = c.post("control-1", "/v1/route", json::serialize(body));
+      ASSERT_EQ(res.status, 200) << res.body;
+      auto d = json::parse(res.body);
+      SCOPED_TRACE(json::value_to<std::string>(r.at("id")) + (chat ? " (chat)" : ""));
+      if (share > 0) {
+        EXPECT_EQ(d.at("replica"), "a0") << res.body;
+        EXPECT_EQ(d.at("tier"), "kv") << res.body;
+        EXPECT_NEAR(d.at("score").to_number<double>(), share, 1e-9) << res.body;
+        ++checked;
+      } else {
+        EXPECT_NE(d.at("tier"), "kv") << "nothing of this prompt is cached: " << res.body;
+      }
+    }
+  }
+  EXPECT_GE(checked, 10u) << "most requests of the capture still have cached blocks";
+  EXPECT_EQ(tok.bad_chat_bodies.load(), 0);
+  EXPECT_LE(tok.calls.load(), static_cast<int>(2 * requests.size()))
+    << "each distinct body is tokenized once";
 }

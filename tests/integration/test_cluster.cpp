@@ -90,11 +90,15 @@ std::string test_cluster::write_topology(const std::vector<test_node_spec>& node
       t += fmt::format("port = {}\nhttp = \"127.0.0.1:{}\"\n", caf_ports_.at(n.name),
                        http_ports_.at(n.name));
     for (const auto& e : n.engines) {
-      t += fmt::format("\n[[node.engine]]\nreplica = \"{}\"\nmodel = \"{}\"\n"
-                       "url = \"http://127.0.0.1:1\"\nkv_events = {}\n"
+      std::vector<std::string> lora;
+      for (const auto& l : e.lora)
+        lora.push_back("\"" + l + "\"");
+      t += fmt::format("\n[[node.engine]]\nreplica = \"{}\"\nmodel = \"{}\"\nurl = \"{}\"\n"
+                       "lora = [{}]\nkv_events = {}\n"
                        "launch = [\"{}\", \"--capture\", \"{}\", \"--pid-file\", \"{}\"]\n",
-                       e.replica, e.model, e.kv_events ? "true" : "false", LLMGW_TEST_ENGINE,
-                       capture_path(e.capture), engine_pid_file(e.replica));
+                       e.replica, e.model, e.url, fmt::join(lora, ", "),
+                       e.kv_events ? "true" : "false", LLMGW_TEST_ENGINE, capture_path(e.capture),
+                       engine_pid_file(e.replica));
     }
   }
   auto path = dir_ + "/" + file_name;

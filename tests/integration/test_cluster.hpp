@@ -32,6 +32,8 @@ struct test_engine_spec {
   std::string capture; ///< file name in shared/vllm-captures
   std::string model = "m";
   bool kv_events = true;
+  std::string url = "http://127.0.0.1:1"; ///< its HTTP API (/tokenize)
+  std::vector<std::string> lora = {};     ///< LoRA adapters it serves
 };
 
 struct test_node_spec {
