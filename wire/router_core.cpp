@@ -156,6 +156,7 @@ route_decision router_core::decide(const route_query& q,
   bool all_trusted =
     std::all_of(scores.begin(), scores.end(), [](const replica_score& s) { return s.trusted; });
   if (!q.chunks.empty() && (q.dry_run || !any_kv_found || !all_trusted)) {
+    tree_.expire(now); // entries past the TTL must not score, even with no inserts lately
     tree_candidates_.clear();
     for (auto i : candidates_)
       tree_candidates_.push_back(static_cast<tree_replica>(i));

@@ -182,6 +182,23 @@ TEST(router_core, tier1_when_tokenization_failed) {
   EXPECT_DOUBLE_EQ(d.score, 1.0 * 8 / 9) << "8 of the 9 chunks were sent there";
 }
 
+TEST(router_core, tier1_entries_past_the_ttl_do_not_score) {
+  auto topo = four_replicas();
+  topo.router.tier1_ttl = std::chrono::seconds(60);
+  router_core rc(topo);
+  std::string text(64, 'p');
+  auto first = route(rc, query({}, text), t0);
+  rc.finished(first.replica);
+  auto q = query({}, text);
+  q.tokenized = false;
+  EXPECT_EQ(route(rc, q, t0 + 30s).tier, route_tier::approx);
+  rc.finished(first.replica);
+  auto late = q;
+  late.dry_run = true;
+  EXPECT_EQ(rc.decide(late, t0 + 120s).tier, route_tier::load)
+    << "nothing was inserted since, and the entries are 90 s past their last use";
+}
+
 TEST(router_core, tier1_when_tier2_finds_nothing) {
   router_core rc(four_replicas());
   std::string text(64, 'p');
