@@ -8,9 +8,11 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <deque>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -30,6 +32,15 @@ std::string http_request::header(const std::string& name) const {
   return {};
 }
 
+namespace {
+
+/// Bytes a streamed answer may have queued for a client that does not read.
+constexpr std::size_t max_stream_backlog = 8u << 20;
+/// Pipelined bytes kept while an answer is pending.
+constexpr std::size_t max_pipelined = 1u << 20;
+
+class session;
+
 /// What sessions share with the server. A responder may be called after the
 /// server stopped (an actor answering late), so it holds only a weak
 /// reference to its session: while a session waits for its answer, `waiting`
@@ -40,8 +51,42 @@ struct shared_state {
   http_server_counters counters;
   std::mutex mtx;
   bool alive = true; ///< guarded by mtx: the io_context may still be posted to
-  std::unordered_map<const void*, std::shared_ptr<void>> waiting; ///< guarded by mtx
+  std::unordered_map<const void*, std::shared_ptr<session>> waiting; ///< guarded by mtx
 };
+
+} // namespace
+
+namespace detail {
+
+/// One request's answer, shared by its responder and stream.
+struct http_exchange {
+  std::weak_ptr<session> owner;
+  std::shared_ptr<shared_state> srv;
+  std::atomic<bool> answered{false}; ///< a reply or a stream was started
+  std::atomic<bool> gone{false};     ///< the client disconnected
+  std::atomic<bool> ended{false};    ///< the stream was ended
+  std::atomic<std::size_t> backlog{0};
+  std::mutex mtx;
+  std::vector<std::function<void()>> on_gone; ///< guarded by mtx
+
+  /// Runs `f` on the session's strand, if the server and session still exist.
+  template <class F>
+  bool post(F f);
+
+  void client_went_away() {
+    if (gone.exchange(true))
+      return;
+    std::vector<std::function<void()>> fs;
+    {
+      std::lock_guard<std::mutex> g(mtx);
+      fs.swap(on_gone);
+    }
+    for (auto& f : fs)
+      f();
+  }
+};
+
+} // namespace detail
 
 struct http_server::impl {
   std::shared_ptr<shared_state> shared = std::make_shared<shared_state>();
@@ -74,11 +119,71 @@ public:
     http_reply r;
     r.status = status;
     r.body = wire::openai_error_json(message, "ServiceUnavailableError", status);
-    write(std::move(r), false);
+    keep_alive_ = false;
+    write_whole(std::move(r));
   }
 
+  // -- called on the strand by responders and streams --------------------
+
+  void write_whole(http_reply r) {
+    auto res = std::make_shared<http::response<http::string_body>>();
+    res->result(static_cast<unsigned>(r.status));
+    res->version(11);
+    res->set(http::field::server, "llmgw");
+    res->set(http::field::content_type, r.content_type);
+    for (auto& [k, v] : r.headers)
+      res->set(k, v);
+    res->body() = std::move(r.body);
+    res->keep_alive(keep_alive_);
+    res->prepare_payload();
+    stream_.expires_after(srv_->limits.read_timeout);
+    auto self = shared_from_this();
+    http::async_write(stream_, *res,
+                      [self, res](beast::error_code ec, std::size_t) { self->answer_done(!ec); });
+  }
+
+  void begin_stream(int status, const std::string& content_type,
+                    std::vector<std::pair<std::string, std::string>> headers) {
+    auto res = std::make_unique<http::response<http::empty_body>>();
+    res->result(static_cast<unsigned>(status));
+    res->version(11);
+    res->set(http::field::server, "llmgw");
+    res->set(http::field::content_type, content_type);
+    res->set(http::field::cache_control, "no-cache");
+    for (auto& [k, v] : headers)
+      res->set(k, v);
+    res->keep_alive(keep_alive_);
+    res->chunked(true);
+    stream_res_ = std::move(res);
+    stream_sr_ = std::make_unique<http::response_serializer<http::empty_body>>(*stream_res_);
+    queue_.push_back({piece::header, {}});
+    pump();
+  }
+
+  void stream_write(std::string data) {
+    if (data.empty())
+      return;
+    queue_.push_back({piece::chunk, std::move(data)});
+    pump();
+  }
+
+  void stream_end() {
+    queue_.push_back({piece::last, {}});
+    pump();
+  }
+
+  /// The session's strand.
+  auto executor() { return stream_.get_executor(); }
+
 private:
+  enum class piece { header, chunk, last };
+  struct queued {
+    piece what;
+    std::string data;
+  };
+
   void read() {
+    exchange_.reset();
     parser_.emplace();
     parser_->body_limit(srv_->limits.max_body_bytes);
     parser_->header_limit(static_cast<std::uint32_t>(srv_->limits.max_header_bytes));
@@ -98,7 +203,6 @@ private:
   }
 
   void on_error(const beast::error_code& ec) {
-    LLMGW_LOG(debug, "http", "connection error: {} ({})", ec.message(), ec.category().name());
     if (ec == http::error::end_of_stream || ec == asio::error::eof
         || ec == asio::error::connection_reset || ec == asio::error::operation_aborted)
       return close();
@@ -125,7 +229,8 @@ private:
       r.body =
         wire::openai_error_json("malformed HTTP request: " + ec.message(), "BadRequestError", 400);
     }
-    write(std::move(r), false);
+    keep_alive_ = false;
+    write_whole(std::move(r));
   }
 
   void on_body(beast::error_code ec) {
@@ -139,30 +244,21 @@ private:
     req.body = std::move(msg.body());
     for (const auto& f : msg)
       req.headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
-    bool keep_alive = msg.keep_alive();
+    keep_alive_ = msg.keep_alive();
     // The handler may answer much later (an actor, an upstream engine): no
-    // deadline while the connection waits for its own answer.
+    // deadline while the connection waits, but a watch for the client going.
     stream_.expires_never();
     auto self = shared_from_this();
+    exchange_ = std::make_shared<detail::http_exchange>();
+    exchange_->owner = self;
+    exchange_->srv = srv_;
     {
       std::lock_guard<std::mutex> g(srv_->mtx);
       srv_->waiting[this] = self;
     }
-    auto answered = std::make_shared<std::atomic<bool>>(false);
-    std::weak_ptr<session> weak = self;
-    auto srv = srv_;
-    http_responder respond = [weak, srv, keep_alive, answered](http_reply r) {
-      if (answered->exchange(true))
-        return; // answered already: a bug in a handler, but never two replies
-      std::lock_guard<std::mutex> g(srv->mtx);
-      auto s = weak.lock();
-      if (!srv->alive || !s)
-        return; // the server stopped: nobody to write to
-      srv->waiting.erase(s.get());
-      asio::post(s->stream_.get_executor(), [s, keep_alive, r = std::move(r)]() mutable {
-        s->write(std::move(r), keep_alive);
-      });
-    };
+    answer_complete_ = false;
+    watch();
+    http_responder respond(exchange_);
     try {
       srv_->handler(std::move(req), respond);
     } catch (const std::exception& e) {
@@ -175,27 +271,106 @@ private:
     }
   }
 
-  void write(http_reply r, bool keep_alive) {
-    auto res = std::make_shared<http::response<http::string_body>>();
-    res->result(static_cast<unsigned>(r.status));
-    res->version(11);
-    res->set(http::field::server, "llmgw");
-    res->set(http::field::content_type, r.content_type);
-    for (auto& [k, v] : r.headers)
-      res->set(k, v);
-    res->body() = std::move(r.body);
-    res->keep_alive(keep_alive);
-    res->prepare_payload();
-    stream_.expires_after(srv_->limits.read_timeout);
+  /// Reads while an answer is pending: EOF or an error means the client is
+  /// gone; bytes are a pipelined next request, kept for later.
+  void watch() {
+    watching_ = true;
     auto self = shared_from_this();
-    http::async_write(stream_, *res, [self, res, keep_alive](beast::error_code ec, std::size_t) {
-      if (ec || !keep_alive)
-        return self->close();
-      self->read();
-    });
+    stream_.socket().async_read_some(
+      buffer_.prepare(4096),
+      [self](beast::error_code ec, std::size_t n) { self->on_watch(ec, n); });
+  }
+
+  void on_watch(beast::error_code ec, std::size_t n) {
+    watching_ = false;
+    if (!ec) {
+      buffer_.commit(n);
+      if (resume_after_watch_)
+        return resume();
+      if (!answer_complete_ && buffer_.size() < max_pipelined)
+        return watch();
+      return; // stop watching a client that floods; the answer continues
+    }
+    if (resume_after_watch_ && ec == asio::error::operation_aborted)
+      return resume();
+    if (answer_complete_ || closed_)
+      return;
+    ++srv_->counters.disconnects;
+    auto x = exchange_;
+    release();
+    close();
+    if (x)
+      x->client_went_away();
+  }
+
+  void pump() {
+    if (writing_ || queue_.empty() || closed_)
+      return;
+    writing_ = true;
+    auto self = shared_from_this();
+    auto& front = queue_.front();
+    auto done = [self](beast::error_code ec, std::size_t) {
+      self->writing_ = false;
+      auto what = self->queue_.front().what;
+      if (self->exchange_ && what == piece::chunk)
+        self->exchange_->backlog -= self->queue_.front().data.size();
+      self->queue_.pop_front();
+      if (ec) {
+        auto x = self->exchange_;
+        self->release();
+        self->close();
+        if (x)
+          x->client_went_away();
+        return;
+      }
+      if (what == piece::last)
+        return self->answer_done(true);
+      self->pump();
+    };
+    switch (front.what) {
+    case piece::header:
+      http::async_write_header(stream_, *stream_sr_, done);
+      break;
+    case piece::chunk:
+      asio::async_write(stream_, http::make_chunk(asio::buffer(front.data)), done);
+      break;
+    case piece::last:
+      asio::async_write(stream_, http::make_chunk_last(), done);
+      break;
+    }
+  }
+
+  /// The answer is out: serve the next request, or close.
+  void answer_done(bool ok) {
+    answer_complete_ = true;
+    stream_sr_.reset();
+    stream_res_.reset();
+    release();
+    if (!ok || !keep_alive_)
+      return close();
+    if (watching_) {
+      // Let the watch read finish first: two reads at once are not allowed.
+      resume_after_watch_ = true;
+      beast::error_code ignored;
+      stream_.socket().cancel(ignored);
+      return;
+    }
+    resume();
+  }
+
+  void resume() {
+    resume_after_watch_ = false;
+    read();
+  }
+
+  /// Ends the server's ownership of this session (it was waiting).
+  void release() {
+    std::lock_guard<std::mutex> g(srv_->mtx);
+    srv_->waiting.erase(this);
   }
 
   void close() {
+    closed_ = true;
     beast::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
     stream_.socket().close(ignored);
@@ -205,9 +380,84 @@ private:
   std::shared_ptr<shared_state> srv_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
+  std::shared_ptr<detail::http_exchange> exchange_;
+  bool keep_alive_ = true;
+  bool watching_ = false;
+  bool resume_after_watch_ = false;
+  bool answer_complete_ = true;
+  bool closed_ = false;
+  bool writing_ = false;
+  std::deque<queued> queue_;
+  std::unique_ptr<http::response<http::empty_body>> stream_res_;
+  std::unique_ptr<http::response_serializer<http::empty_body>> stream_sr_;
 };
 
 } // namespace
+
+namespace detail {
+
+template <class F>
+bool http_exchange::post(F f) {
+  std::lock_guard<std::mutex> g(srv->mtx);
+  auto s = owner.lock();
+  if (!srv->alive || !s)
+    return false; // the server stopped, or the connection is gone
+  asio::post(s->executor(), [s, f = std::move(f)]() mutable { f(*s); });
+  return true;
+}
+
+} // namespace detail
+
+void http_responder::operator()(http_reply r) const {
+  if (x_->answered.exchange(true))
+    return; // answered already: a bug in a handler, but never two answers
+  x_->post([r = std::move(r)](session& s) mutable { s.write_whole(std::move(r)); });
+}
+
+http_stream http_responder::stream(int status, const std::string& content_type,
+                                   std::vector<std::pair<std::string, std::string>> headers) const {
+  if (!x_->answered.exchange(true))
+    x_->post([status, content_type, headers = std::move(headers)](session& s) mutable {
+      s.begin_stream(status, content_type, std::move(headers));
+    });
+  else
+    x_->ended = true; // a second answer: this stream accepts nothing
+  return http_stream(x_);
+}
+
+void http_responder::on_disconnect(std::function<void()> f) const {
+  {
+    std::lock_guard<std::mutex> g(x_->mtx);
+    if (!x_->gone) {
+      x_->on_gone.push_back(std::move(f));
+      return;
+    }
+  }
+  f(); // gone already
+}
+
+bool http_stream::write(std::string data) const {
+  if (x_->gone || x_->ended)
+    return false;
+  if (x_->backlog + data.size() > max_stream_backlog) {
+    // The client stopped reading: stop producing for it.
+    x_->client_went_away();
+    return false;
+  }
+  x_->backlog += data.size();
+  return x_->post(
+    [data = std::move(data)](session& s) mutable { s.stream_write(std::move(data)); });
+}
+
+void http_stream::end() const {
+  if (x_->ended.exchange(true))
+    return;
+  x_->post([](session& s) { s.stream_end(); });
+}
+
+bool http_stream::client_gone() const {
+  return x_->gone;
+}
 
 void http_server::impl::accept() {
   acceptor.async_accept(asio::make_strand(io), [this](beast::error_code ec, tcp::socket socket) {
@@ -267,7 +517,7 @@ http_server::~http_server() {
 void http_server::stop() {
   if (impl_->stopped.exchange(true))
     return;
-  std::unordered_map<const void*, std::shared_ptr<void>> waiting;
+  std::unordered_map<const void*, std::shared_ptr<session>> waiting;
   {
     std::lock_guard<std::mutex> g(impl_->shared->mtx);
     impl_->shared->alive = false;

@@ -1,8 +1,11 @@
 // A small asynchronous HTTP/1.1 server on Boost.Beast, on its own io_context
-// threads: the gateway's front door (and test engines'). Each request goes to
-// a handler with a responder that may be called later from any thread (an
-// actor's answer); the connection waits for it, then reads the next request
-// (keep-alive).
+// threads: the gateway's front door, the simulator's API (and test engines').
+// Each request goes to a handler with a responder that may be called later
+// from any thread (an actor's answer, an upstream engine's stream); the
+// connection waits for it, then reads the next request (keep-alive). An
+// answer can be whole or streamed (chunked, flushed piece by piece). While
+// an answer is pending the connection is watched, so a client that goes away
+// is noticed at once and the handler can cancel its work.
 //
 // Hostile clients are bounded: body and header sizes (413 and 431), a
 // deadline for reading a whole request and an idle timeout between requests
@@ -40,8 +43,51 @@ struct http_reply {
   std::vector<std::pair<std::string, std::string>> headers;
 };
 
-/// Answers a request; call exactly once, from any thread.
-using http_responder = std::function<void(http_reply)>;
+namespace detail {
+struct http_exchange;
+} // namespace detail
+
+/// A response sent in pieces (chunked transfer encoding, e.g. server-sent
+/// events), each flushed to the client as soon as it is written. Any thread.
+class http_stream {
+public:
+  explicit http_stream(std::shared_ptr<detail::http_exchange> x) : x_(std::move(x)) {}
+
+  /// Queues `data` for the client; false once the client is gone (or the
+  /// stream ended, or the client stopped reading and too much is queued).
+  bool write(std::string data) const;
+
+  /// Ends the response; the connection then serves the next request.
+  void end() const;
+
+  /// True once the client disconnected.
+  bool client_gone() const;
+
+private:
+  std::shared_ptr<detail::http_exchange> x_;
+};
+
+/// Answers one request, from any thread, exactly once: either a whole reply
+/// (call it) or a stream (stream(), then write and end).
+class http_responder {
+public:
+  explicit http_responder(std::shared_ptr<detail::http_exchange> x) : x_(std::move(x)) {}
+
+  /// Sends a whole reply.
+  void operator()(http_reply r) const;
+
+  /// Starts a streamed reply with `status` and headers.
+  http_stream stream(int status, const std::string& content_type,
+                     std::vector<std::pair<std::string, std::string>> headers = {}) const;
+
+  /// `f` runs once if the client disconnects before the answer is complete
+  /// (on a server thread): cancel what was started for it.
+  void on_disconnect(std::function<void()> f) const;
+
+private:
+  std::shared_ptr<detail::http_exchange> x_;
+};
+
 using http_handler = std::function<void(http_request&&, http_responder)>;
 
 struct http_server_limits {
@@ -61,6 +107,7 @@ struct http_server_counters {
   std::atomic<std::uint64_t> bad_requests{0};         ///< malformed: 400
   std::atomic<std::uint64_t> too_large{0};            ///< body or header over the limit
   std::atomic<std::uint64_t> timeouts{0};             ///< read or idle deadline passed
+  std::atomic<std::uint64_t> disconnects{0};          ///< clients gone before their answer
 };
 
 class http_server {

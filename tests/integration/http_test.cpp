@@ -314,3 +314,129 @@ TEST(tokenizer, a_silent_engine_times_out) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 3s) << "bounded by tokenize_timeout_ms";
   caf::anon_send_exit(tok, caf::exit_reason::user_shutdown);
 }
+
+namespace {
+
+/// A client on a raw socket that reads as bytes arrive.
+class raw_client {
+public:
+  explicit raw_client(std::uint16_t port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    timeval tv{0, 100000};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  }
+  ~raw_client() { close(); }
+  void send(const std::string& bytes) { ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL); }
+  /// Reads until `text` has arrived (everything read so far is returned).
+  std::string read_until(const std::string& text, std::chrono::milliseconds timeout = 5000ms) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (got_.find(text) == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+      char buf[4096];
+      auto n = ::recv(fd_, buf, sizeof buf, 0);
+      if (n > 0)
+        got_.append(buf, static_cast<std::size_t>(n));
+      else if (n == 0)
+        break;
+    }
+    return got_;
+  }
+  void close() {
+    if (fd_ >= 0)
+      ::close(fd_);
+    fd_ = -1;
+  }
+
+private:
+  int fd_ = -1;
+  std::string got_;
+};
+
+} // namespace
+
+TEST(http_server, a_streamed_answer_is_flushed_piece_by_piece) {
+  std::promise<void> first_seen;
+  auto seen = first_seen.get_future().share();
+  std::vector<std::thread> workers;
+  http_server server("127.0.0.1", 0, 1, {}, [&](http_request&& req, http_responder respond) {
+    if (req.target == "/plain") {
+      respond(http_reply{200, "text/plain", "plain", {}});
+      return;
+    }
+    workers.emplace_back([respond, seen] {
+      auto s = respond.stream(200, "text/event-stream", {{"x-llmgw-replica", "r1"}});
+      EXPECT_TRUE(s.write("data: one\n\n"));
+      // The client must have the first event before the second is written.
+      EXPECT_EQ(seen.wait_for(5s), std::future_status::ready);
+      EXPECT_TRUE(s.write("data: two\n\n"));
+      s.end();
+    });
+  });
+  raw_client c(server.port());
+  c.send("GET /sse HTTP/1.1\r\nHost: x\r\n\r\n");
+  auto got = c.read_until("data: one");
+  EXPECT_NE(got.find("Transfer-Encoding: chunked"), std::string::npos) << got;
+  EXPECT_NE(got.find("x-llmgw-replica: r1"), std::string::npos);
+  EXPECT_EQ(got.find("data: two"), std::string::npos) << "not written yet";
+  first_seen.set_value();
+  got = c.read_until("0\r\n\r\n");
+  EXPECT_NE(got.find("data: two"), std::string::npos) << got;
+  // The same connection serves the next request.
+  c.send("GET /plain HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_NE(c.read_until("plain").find("\r\n\r\nplain"), std::string::npos);
+  for (auto& w : workers)
+    w.join();
+}
+
+TEST(http_server, a_client_that_leaves_is_noticed_while_its_answer_is_pending) {
+  std::promise<void> gone;
+  auto gone_f = gone.get_future();
+  std::mutex mtx;
+  std::vector<http_responder> held;
+  http_server server("127.0.0.1", 0, 1, {}, [&](http_request&&, http_responder respond) {
+    respond.on_disconnect([&gone] { gone.set_value(); });
+    std::lock_guard<std::mutex> g(mtx);
+    held.push_back(respond); // the answer never comes
+  });
+  {
+    raw_client c(server.port());
+    c.send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}");
+    std::this_thread::sleep_for(100ms);
+  } // the client goes away
+  EXPECT_EQ(gone_f.wait_for(5s), std::future_status::ready) << "the handler can cancel its work";
+  for (int i = 0; i < 100 && server.counters().disconnects.load() == 0; ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(server.counters().disconnects.load(), 1u);
+  // Late answers to a gone client are dropped quietly.
+  std::lock_guard<std::mutex> g(mtx);
+  held[0](http_reply{});
+  auto s = held[0].stream(200, "text/plain");
+  EXPECT_FALSE(s.write("x"));
+}
+
+TEST(http_server, a_pipelined_request_waits_for_the_pending_answer) {
+  std::vector<std::thread> workers;
+  std::mutex mtx;
+  http_server server("127.0.0.1", 0, 1, {}, [&](http_request&& req, http_responder respond) {
+    std::lock_guard<std::mutex> g(mtx);
+    workers.emplace_back([respond, target = req.target] {
+      std::this_thread::sleep_for(target == "/slow" ? 200ms : 0ms);
+      respond(http_reply{200, "text/plain", "answer " + target, {}});
+    });
+  });
+  raw_client c(server.port());
+  c.send("GET /slow HTTP/1.1\r\nHost: x\r\n\r\nGET /fast HTTP/1.1\r\nHost: x\r\n\r\n");
+  auto got = c.read_until("answer /fast");
+  auto slow = got.find("answer /slow");
+  auto fast = got.find("answer /fast");
+  ASSERT_NE(slow, std::string::npos) << got;
+  ASSERT_NE(fast, std::string::npos) << got;
+  EXPECT_LT(slow, fast) << "answers in request order";
+  std::lock_guard<std::mutex> g(mtx);
+  for (auto& w : workers)
+    w.join();
+}
