@@ -109,6 +109,132 @@ private:
   http::response_parser<http::string_body> parser_;
 };
 
+/// A streamed call: head first, then the body as it arrives.
+class streaming_call : public http_call, public std::enable_shared_from_this<streaming_call> {
+public:
+  streaming_call(asio::io_context& io, http::verb method, std::string host, std::string port,
+                 const std::string& target, std::string body,
+                 std::vector<std::pair<std::string, std::string>> headers,
+                 std::chrono::milliseconds connect_timeout, std::chrono::milliseconds timeout,
+                 http_call_handlers handlers)
+    : resolver_(asio::make_strand(io)), stream_(resolver_.get_executor()), host_(std::move(host)),
+      port_(std::move(port)), connect_timeout_(connect_timeout),
+      deadline_(std::chrono::steady_clock::now() + timeout), handlers_(std::move(handlers)) {
+    req_.method(method);
+    req_.target(target);
+    req_.version(11);
+    req_.set(http::field::host, host_ + ":" + port_);
+    req_.set(http::field::user_agent, "llmgw");
+    for (auto& [k, v] : headers)
+      req_.set(k, v);
+    req_.body() = std::move(body);
+    req_.keep_alive(false);
+    req_.prepare_payload();
+  }
+
+  void start() {
+    auto self = shared_from_this();
+    stream_.expires_after(connect_timeout_);
+    resolver_.async_resolve(
+      host_, port_, [self](beast::error_code ec, const tcp::resolver::results_type& rs) {
+        if (ec)
+          return self->finish("resolve: " + ec.message());
+        self->stream_.async_connect(rs, [self](beast::error_code ec2, const tcp::endpoint&) {
+          if (ec2)
+            return self->finish(self->describe("connect", ec2));
+          self->write();
+        });
+      });
+  }
+
+  void cancel() override {
+    auto self = shared_from_this();
+    asio::post(stream_.get_executor(), [self] {
+      self->cancelled_ = true;
+      beast::error_code ignored;
+      self->stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+      self->stream_.socket().close(ignored);
+    });
+  }
+
+private:
+  std::string describe(const char* what, const beast::error_code& ec) const {
+    if (cancelled_)
+      return "cancelled";
+    if (ec == beast::error::timeout)
+      return std::string(what) + ": timed out";
+    return std::string(what) + ": " + ec.message();
+  }
+
+  void write() {
+    auto self = shared_from_this();
+    stream_.expires_at(deadline_);
+    http::async_write(stream_, req_, [self](beast::error_code ec, std::size_t) {
+      if (ec)
+        return self->finish(self->describe("write", ec));
+      self->parser_.body_limit(boost::none); // streamed through, not held
+      http::async_read_header(self->stream_, self->buffer_, self->parser_,
+                              [self](beast::error_code ec2, std::size_t) {
+                                if (ec2)
+                                  return self->finish(self->describe("read", ec2));
+                                self->on_head();
+                              });
+    });
+  }
+
+  void on_head() {
+    const auto& res = parser_.get();
+    std::vector<std::pair<std::string, std::string>> headers;
+    for (const auto& f : res)
+      headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
+    if (handlers_.on_head)
+      handlers_.on_head(static_cast<int>(res.result_int()), std::move(headers));
+    read_body();
+  }
+
+  void read_body() {
+    if (parser_.is_done())
+      return finish("");
+    parser_.get().body().data = chunk_;
+    parser_.get().body().size = sizeof chunk_;
+    auto self = shared_from_this();
+    http::async_read_some(stream_, buffer_, parser_, [self](beast::error_code ec, std::size_t) {
+      auto got = sizeof self->chunk_ - self->parser_.get().body().size;
+      if (got > 0 && self->handlers_.on_data)
+        self->handlers_.on_data(std::string(self->chunk_, got));
+      if (ec == http::error::need_buffer)
+        ec = {};
+      if (ec)
+        return self->finish(self->describe("read", ec));
+      self->read_body();
+    });
+  }
+
+  void finish(const std::string& error) {
+    if (done_)
+      return;
+    done_ = true;
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    if (handlers_.on_done)
+      handlers_.on_done(error);
+  }
+
+  tcp::resolver resolver_;
+  beast::tcp_stream stream_;
+  std::string host_;
+  std::string port_;
+  std::chrono::milliseconds connect_timeout_;
+  std::chrono::steady_clock::time_point deadline_;
+  http_call_handlers handlers_;
+  http::request<http::string_body> req_;
+  beast::flat_buffer buffer_;
+  http::response_parser<http::buffer_body> parser_;
+  char chunk_[16384];
+  bool cancelled_ = false;
+  bool done_ = false;
+};
+
 } // namespace
 
 struct http_client::impl {
@@ -146,6 +272,25 @@ void http_client::request(const std::string& method, const std::string& base_url
   std::make_shared<exchange>(impl_->io, verb, std::move(host), std::move(port), target,
                              std::move(body), timeout, std::move(done))
     ->start();
+}
+
+std::shared_ptr<http_call>
+http_client::call(const std::string& method, const std::string& base_url, const std::string& target,
+                  std::string body, std::vector<std::pair<std::string, std::string>> headers,
+                  std::chrono::milliseconds connect_timeout, std::chrono::milliseconds timeout,
+                  http_call_handlers handlers) {
+  std::string host, port;
+  auto verb = http::string_to_verb(method);
+  if (!split_http_url(base_url, host, port) || verb == http::verb::unknown) {
+    if (handlers.on_done)
+      handlers.on_done("not an http://HOST:PORT URL or HTTP method: " + base_url + " " + method);
+    return nullptr;
+  }
+  auto c = std::make_shared<streaming_call>(impl_->io, verb, std::move(host), std::move(port),
+                                            target, std::move(body), std::move(headers),
+                                            connect_timeout, timeout, std::move(handlers));
+  c->start();
+  return c;
 }
 
 } // namespace llmgw

@@ -9,6 +9,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace llmgw {
 
@@ -17,6 +19,23 @@ struct http_response {
   int status = 0;
   std::string body;
   std::string error; ///< set when status is 0: connect, write or read failed, or timed out
+};
+
+/// Callbacks of a streamed call, run on the client's thread, in this order:
+/// on_head once (if a response arrived), on_data for each piece of the body
+/// as it arrives, on_done once ("" when the response is complete, else why
+/// not: connect, timeout, reset, cancelled).
+struct http_call_handlers {
+  std::function<void(int status, std::vector<std::pair<std::string, std::string>> headers)> on_head;
+  std::function<void(std::string data)> on_data;
+  std::function<void(const std::string& error)> on_done;
+};
+
+/// A call in flight; cancel() ends it (on_done gets "cancelled").
+class http_call {
+public:
+  virtual ~http_call() = default;
+  virtual void cancel() = 0;
 };
 
 /// "http://HOST:PORT" split; false if `url` is not of that form.
@@ -40,6 +59,15 @@ public:
                  std::chrono::milliseconds timeout, std::function<void(http_response)> done) {
     request("POST", base_url, target, std::move(body), timeout, std::move(done));
   }
+
+  /// Streams a request's response: the body is handed on piece by piece as
+  /// it arrives (server-sent events stay events). `connect_timeout` bounds
+  /// connecting; `timeout` the whole call.
+  std::shared_ptr<http_call> call(const std::string& method, const std::string& base_url,
+                                  const std::string& target, std::string body,
+                                  std::vector<std::pair<std::string, std::string>> headers,
+                                  std::chrono::milliseconds connect_timeout,
+                                  std::chrono::milliseconds timeout, http_call_handlers handlers);
 
 private:
   struct impl;

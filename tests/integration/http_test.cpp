@@ -440,3 +440,105 @@ TEST(http_server, a_pipelined_request_waits_for_the_pending_answer) {
   for (auto& w : workers)
     w.join();
 }
+
+namespace {
+
+/// What a streamed call saw.
+struct call_log {
+  std::mutex mtx;
+  int status = 0;
+  std::string headers;
+  std::vector<std::string> pieces;
+  std::promise<std::string> done;
+
+  http_call_handlers handlers() {
+    return {[this](int s, std::vector<std::pair<std::string, std::string>> hs) {
+              std::lock_guard<std::mutex> g(mtx);
+              status = s;
+              for (auto& [k, v] : hs)
+                headers += k + ": " + v + "\n";
+            },
+            [this](std::string d) {
+              std::lock_guard<std::mutex> g(mtx);
+              pieces.push_back(std::move(d));
+            },
+            [this](const std::string& e) { done.set_value(e); }};
+  }
+  std::string joined() {
+    std::lock_guard<std::mutex> g(mtx);
+    std::string all;
+    for (auto& p : pieces)
+      all += p;
+    return all;
+  }
+};
+
+} // namespace
+
+TEST(http_client, a_streamed_call_hands_on_pieces_as_they_arrive) {
+  std::promise<void> second;
+  auto second_f = second.get_future().share();
+  std::vector<std::thread> workers;
+  http_server server("127.0.0.1", 0, 1, {}, [&](http_request&& req, http_responder respond) {
+    EXPECT_EQ(req.header("x-test"), "yes");
+    workers.emplace_back([respond, second_f] {
+      auto s = respond.stream(201, "text/event-stream", {{"x-up", "1"}});
+      s.write("data: a\n\n");
+      second_f.wait_for(5s);
+      s.write("data: b\n\n");
+      s.end();
+    });
+  });
+  http_client client;
+  call_log log;
+  auto call = client.call("POST", "http://127.0.0.1:" + std::to_string(server.port()), "/x", "{}",
+                          {{"x-test", "yes"}}, 1000ms, 5000ms, log.handlers());
+  ASSERT_TRUE(call);
+  for (int i = 0; i < 500 && log.joined().empty(); ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(log.joined(), "data: a\n\n") << "the first event, before the response ended";
+  second.set_value();
+  auto done = log.done.get_future();
+  ASSERT_EQ(done.wait_for(5s), std::future_status::ready);
+  EXPECT_EQ(done.get(), "");
+  EXPECT_EQ(log.status, 201);
+  EXPECT_NE(log.headers.find("x-up: 1"), std::string::npos) << log.headers;
+  EXPECT_EQ(log.joined(), "data: a\n\ndata: b\n\n");
+  for (auto& w : workers)
+    w.join();
+}
+
+TEST(http_client, cancelling_a_call_reaches_the_server_as_a_disconnect) {
+  std::promise<void> gone;
+  std::mutex mtx;
+  std::vector<http_responder> held;
+  http_server server("127.0.0.1", 0, 1, {}, [&](http_request&&, http_responder respond) {
+    respond.on_disconnect([&gone] { gone.set_value(); });
+    auto s = respond.stream(200, "text/event-stream");
+    s.write("data: started\n\n");
+    std::lock_guard<std::mutex> g(mtx);
+    held.push_back(respond);
+  });
+  http_client client;
+  call_log log;
+  auto call = client.call("GET", "http://127.0.0.1:" + std::to_string(server.port()), "/", "", {},
+                          1000ms, 5000ms, log.handlers());
+  for (int i = 0; i < 500 && log.joined().empty(); ++i)
+    std::this_thread::sleep_for(10ms);
+  call->cancel();
+  auto done = log.done.get_future();
+  ASSERT_EQ(done.wait_for(5s), std::future_status::ready);
+  EXPECT_EQ(done.get(), "cancelled");
+  EXPECT_EQ(gone.get_future().wait_for(5s), std::future_status::ready)
+    << "the upstream sees its client leave and can stop generating";
+}
+
+TEST(http_client, a_refused_call_reports_before_any_head) {
+  http_client client;
+  call_log log;
+  client.call("POST", "http://127.0.0.1:1", "/", "{}", {}, 1000ms, 5000ms, log.handlers());
+  auto done = log.done.get_future();
+  ASSERT_EQ(done.wait_for(5s), std::future_status::ready);
+  EXPECT_EQ(done.get().rfind("connect: ", 0), 0u);
+  EXPECT_EQ(log.status, 0) << "no head: a proxy may try elsewhere";
+}
