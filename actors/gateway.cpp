@@ -1,5 +1,7 @@
 #include "actors/gateway.hpp"
 
+#include "actors/http_client.hpp"
+#include "actors/proxy.hpp"
 #include "wire/block_hash.hpp"
 #include "wire/log.hpp"
 #include "wire/router_report.hpp"
@@ -51,10 +53,12 @@ bool is_lora(const wire::topology& topo, const std::string& model) {
 void decide(caf::event_based_actor* self, const gateway_peers& peers,
             const std::shared_ptr<const wire::topology>& topo, const wire::routing_request& req,
             bool dry_run, const std::vector<std::uint32_t>* tokens, double tokenize_seconds,
-            const std::function<void(wire::route_decision)>& done) {
+            const std::function<void(wire::route_decision)>& done,
+            const std::vector<std::string>& exclude) {
   wire::route_query q;
   q.model = req.model;
   q.dry_run = dry_run;
+  q.exclude = exclude;
   q.tokenize_seconds = tokenize_seconds;
   auto start = std::chrono::steady_clock::now();
   if (tokens) {
@@ -84,31 +88,32 @@ void decide(caf::event_based_actor* self, const gateway_peers& peers,
 
 void route_flow(caf::actor_system& sys, const gateway_peers& peers,
                 const std::shared_ptr<const wire::topology>& topo, wire::routing_request req,
-                bool dry_run, std::function<void(wire::route_decision)> done) {
-  sys.spawn([peers, topo, req = std::move(req), dry_run,
-             done = std::move(done)](caf::event_based_actor* self) {
+                bool dry_run, std::function<void(wire::route_decision)> done,
+                std::vector<std::string> exclude) {
+  sys.spawn([peers, topo, req = std::move(req), dry_run, done = std::move(done),
+             exclude = std::move(exclude)](caf::event_based_actor* self) {
     if (req.token_ids) {
-      decide(self, peers, topo, req, dry_run, &*req.token_ids, -1, done);
+      decide(self, peers, topo, req, dry_run, &*req.token_ids, -1, done, exclude);
       return;
     }
     auto timeout = topo->router.tokenize_timeout + std::chrono::milliseconds(200);
     self->request(peers.tokenizer, timeout, tokenize_atom::value, req.model, req.tokenize_body)
       .then(
-        [self, peers, topo, req, dry_run, done](const tokenize_reply& r) {
+        [self, peers, topo, req, dry_run, done, exclude](const tokenize_reply& r) {
           // Failed tokenization is not fatal: tier 1 routes the request.
           decide(self, peers, topo, req, dry_run, r.ok ? &r.tokens : nullptr,
-                 r.cached ? 0.0 : r.seconds, done);
+                 r.cached ? 0.0 : r.seconds, done, exclude);
         },
-        [self, peers, topo, req, dry_run, done](const caf::error&) {
+        [self, peers, topo, req, dry_run, done, exclude](const caf::error&) {
           decide(self, peers, topo, req, dry_run, nullptr,
-                 std::chrono::duration<double>(topo->router.tokenize_timeout).count(), done);
+                 std::chrono::duration<double>(topo->router.tokenize_timeout).count(), done,
+                 exclude);
         });
   });
 }
 
 gateway::gateway(caf::actor_system& sys, std::shared_ptr<const wire::topology> topo,
-                 const std::string& host, std::uint16_t port, gateway_peers peers,
-                 http_server_limits limits, std::size_t threads)
+                 const std::string& host, std::uint16_t port, gateway_peers peers)
   : sys_(sys), topo_(std::move(topo)), peers_(std::move(peers)) {
   json::array data;
   std::set<std::string> seen;
@@ -133,7 +138,16 @@ gateway::gateway(caf::actor_system& sys, std::shared_ptr<const wire::topology> t
   models["object"] = "list";
   models["data"] = std::move(data);
   models_json_ = json::serialize(models);
-  server_ = std::make_unique<http_server>(host, port, threads, limits,
+  const auto& g = topo_->gateway;
+  stats_ = std::make_shared<proxy_stats>();
+  upstream_ = std::make_shared<http_client>(g.threads);
+  http_server_limits limits;
+  limits.max_body_bytes = g.max_body_bytes;
+  limits.max_header_bytes = g.max_header_bytes;
+  limits.read_timeout = g.read_timeout;
+  limits.idle_timeout = g.idle_timeout;
+  limits.max_connections = g.max_connections;
+  server_ = std::make_unique<http_server>(host, port, g.threads, limits,
                                           [this](http_request&& req, http_responder respond) {
                                             handle(std::move(req), std::move(respond));
                                           });
@@ -166,14 +180,16 @@ void gateway::handle(http_request&& req, http_responder respond) {
       return;
     auto peers = peers_;
     const auto* counters = &server_->counters();
-    sys_.spawn([peers, respond, counters](caf::event_based_actor* self) {
+    auto stats = stats_;
+    sys_.spawn([peers, respond, counters, stats](caf::event_based_actor* self) {
       self->request(peers.router, std::chrono::seconds(5), metrics_atom::value)
         .then(
-          [self, peers, respond, counters](const std::string& router_text) {
+          [self, peers, respond, counters, stats](const std::string& router_text) {
             self->request(peers.control, std::chrono::seconds(5), metrics_atom::value)
               .then(
-                [respond, router_text, counters](const std::string& control_text) {
+                [respond, router_text, counters, stats](const std::string& control_text) {
                   wire::metrics_text m;
+                  stats->append(m);
                   m.counter("llmgw_http_requests_total", "HTTP requests read by the gateway.",
                             static_cast<double>(counters->requests.load()));
                   m.counter("llmgw_http_connections_total", "HTTP connections accepted.",
@@ -215,6 +231,14 @@ void gateway::handle(http_request&& req, http_responder respond) {
                   error_reply(503, "ServiceUnavailableError", "router: " + caf::to_string(e)));
               });
     });
+    return;
+  }
+  if (path == "/v1/completions" || path == "/v1/chat/completions") {
+    if (!method_is("POST"))
+      return;
+    proxy_request(
+      proxy_context{sys_, peers_, topo_, upstream_, stats_}, std::move(req), std::move(respond),
+      path, path == "/v1/completions" ? wire::request_kind::completion : wire::request_kind::chat);
     return;
   }
   if (path == "/v1/route") {

@@ -175,6 +175,13 @@ public:
   /// The session's strand.
   auto executor() { return stream_.get_executor(); }
 
+  /// Drops the connection mid-answer.
+  void abort() {
+    answer_complete_ = true;
+    release();
+    close();
+  }
+
 private:
   enum class piece { header, chunk, last };
   struct queued {
@@ -455,6 +462,12 @@ void http_stream::end() const {
   x_->post([](session& s) { s.stream_end(); });
 }
 
+void http_stream::abort() const {
+  if (x_->ended.exchange(true))
+    return;
+  x_->post([](session& s) { s.abort(); });
+}
+
 bool http_stream::client_gone() const {
   return x_->gone;
 }
@@ -523,14 +536,14 @@ void http_server::stop() {
     impl_->shared->alive = false;
     waiting.swap(impl_->shared->waiting);
   }
-  asio::post(impl_->io, [i = impl_.get()] {
-    beast::error_code ignored;
-    i->acceptor.close(ignored);
-  });
   impl_->work.reset();
   impl_->io.stop();
   for (auto& t : impl_->threads)
     t.join();
+  // No thread runs the io_context now: close the listening socket here, so
+  // new connections are refused rather than accepted and never served.
+  beast::error_code ignored;
+  impl_->acceptor.close(ignored);
   waiting.clear(); // sessions close their sockets while the io_context exists
 }
 

@@ -60,6 +60,10 @@ public:
   /// Ends the response; the connection then serves the next request.
   void end() const;
 
+  /// Drops the connection without ending the response properly: the client
+  /// sees a broken stream (an engine that died mid-answer).
+  void abort() const;
+
   /// True once the client disconnected.
   bool client_gone() const;
 

@@ -49,12 +49,8 @@ router_actor::behavior_type router(router_actor::stateful_pointer<router_state> 
       auto& st = self->state;
       auto& kv = st.core->kv();
       bool had = false;
-      for (std::uint32_t rank = 0;; ++rank) {
-        auto h = kv.find(replica, rank);
-        if (!h)
-          break;
-        had = had || kv.info(*h).has_state;
-      }
+      for (auto h : kv.holders_of(replica))
+        had = had || kv.info(h).has_state;
       kv.drop_replica(replica);
       if (had)
         ++st.stats.drops[{replica, static_cast<wire::drop_reason>(reason & 1)}];

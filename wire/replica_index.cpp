@@ -1,5 +1,6 @@
 #include "wire/replica_index.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace llmgw::wire {
@@ -85,6 +86,16 @@ void replica_index::drop_replica(std::string_view replica) {
     holders_[h].has_state = false;
     holders_[h].parity = parity_state::unknown;
   }
+}
+
+std::vector<holder_id> replica_index::holders_of(std::string_view replica) const {
+  auto it = by_replica_.find(std::string(replica));
+  if (it == by_replica_.end())
+    return {};
+  auto out = it->second;
+  std::sort(out.begin(), out.end(),
+            [this](holder_id a, holder_id b) { return holders_[a].dp_rank < holders_[b].dp_rank; });
+  return out;
 }
 
 bool replica_index::trusted(holder_id h) const {

@@ -76,6 +76,10 @@ public:
   /// The holder id of (replica, rank), if the index has seen it.
   std::optional<holder_id> find(std::string_view replica, std::uint32_t dp_rank) const;
 
+  /// Every holder (rank) of `replica` the index has seen, in rank order; ranks
+  /// arrive in any order, so this is the way to visit them.
+  std::vector<holder_id> holders_of(std::string_view replica) const;
+
   /// Every holder of `replica` that is trusted for routing now.
   void trusted_holders(std::string_view replica, std::vector<holder_id>& out) const;
 

@@ -64,12 +64,7 @@ void router_core::refresh_holders() {
   // New (replica, rank) pairs appeared: rebuild replica -> holders.
   replica_holders_.assign(replicas_.size(), {});
   for (std::size_t i = 0; i < replicas_.size(); ++i)
-    for (std::uint32_t rank = 0;; ++rank) {
-      auto h = kv_.find(replicas_[i].name, rank);
-      if (!h)
-        break;
-      replica_holders_[i].push_back(*h);
-    }
+    replica_holders_[i] = kv_.holders_of(replicas_[i].name);
   known_holders_ = kv_.holder_count();
 }
 

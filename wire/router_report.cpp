@@ -49,17 +49,14 @@ std::string kv_replicas_json(const router_core& core, const router_stats& stats,
     json::array ranks;
     std::uint64_t blocks = 0;
     bool trusted = false;
-    for (std::uint32_t rank = 0;; ++rank) {
-      auto h = kv.find(r.name, rank);
-      if (!h)
-        break;
-      const auto& info = kv.info(*h);
+    for (auto h : kv.holders_of(r.name)) {
+      const auto& info = kv.info(h);
       json::object x;
-      x["dp_rank"] = rank;
-      x["blocks"] = kv.blocks().count(*h);
+      x["dp_rank"] = info.dp_rank;
+      x["blocks"] = kv.blocks().count(h);
       x["epoch"] = info.epoch;
       x["has_state"] = info.has_state;
-      x["trusted"] = kv.trusted(*h);
+      x["trusted"] = kv.trusted(h);
       x["parity"] = to_string(info.parity);
       x["hash_mismatch"] = info.parity == parity_state::mismatch;
       x["updates"] = info.updates;
@@ -69,8 +66,8 @@ std::string kv_replicas_json(const router_core& core, const router_stats& stats,
         x["seconds_since_update"] = seconds_since(info.last_update, now);
       else
         x["seconds_since_update"] = nullptr;
-      if (*h < stats.totals.size()) {
-        const auto& t = stats.totals[*h];
+      if (h < stats.totals.size()) {
+        const auto& t = stats.totals[h];
         json::object a, resets;
         a["batches"] = t.batches;
         a["stored"] = t.stored;
@@ -81,8 +78,8 @@ std::string kv_replicas_json(const router_core& core, const router_stats& stats,
         a["resets"] = std::move(resets);
         x["agent"] = std::move(a);
       }
-      blocks += kv.blocks().count(*h);
-      trusted = trusted || kv.trusted(*h);
+      blocks += kv.blocks().count(h);
+      trusted = trusted || kv.trusted(h);
       ranks.push_back(std::move(x));
     }
     o["blocks"] = blocks;
@@ -169,16 +166,13 @@ void append_router_metrics(metrics_text& m, const router_core& core, const route
   for (const auto& r : core.replicas()) {
     m.gauge("llmgw_replica_outstanding", "Requests in flight per replica.", r.outstanding,
             {{"replica", r.name}});
-    for (std::uint32_t rank = 0;; ++rank) {
-      auto h = kv.find(r.name, rank);
-      if (!h)
-        break;
-      const auto& info = kv.info(*h);
-      metric_labels labels{{"replica", r.name}, {"dp_rank", std::to_string(rank)}};
+    for (auto h : kv.holders_of(r.name)) {
+      const auto& info = kv.info(h);
+      metric_labels labels{{"replica", r.name}, {"dp_rank", std::to_string(info.dp_rank)}};
       m.gauge("llmgw_kv_blocks", "Blocks the index holds per replica rank.",
-              static_cast<double>(kv.blocks().count(*h)), labels);
+              static_cast<double>(kv.blocks().count(h)), labels);
       m.gauge("llmgw_kv_trusted", "1 when the replica rank's KV state is routed on.",
-              kv.trusted(*h) ? 1 : 0, labels);
+              kv.trusted(h) ? 1 : 0, labels);
       m.gauge("llmgw_kv_hash_mismatch",
               "1 when the engine's block hashes differ from llmgw's (fix its seed and hash algo).",
               info.parity == parity_state::mismatch ? 1 : 0, labels);
@@ -188,8 +182,8 @@ void append_router_metrics(metrics_text& m, const router_core& core, const route
         m.gauge("llmgw_kv_update_age_seconds",
                 "Seconds since the replica rank's KV state last changed.",
                 seconds_since(info.last_update, now), labels);
-      if (*h < stats.totals.size()) {
-        const auto& t = stats.totals[*h];
+      if (h < stats.totals.size()) {
+        const auto& t = stats.totals[h];
         auto with = [&](const char* k, const char* v) {
           auto l = labels;
           l.emplace_back(k, v);

@@ -419,6 +419,30 @@ void read_router(checker& c, const toml::value& doc, router_settings& r) {
   c.read_number(*rt, "router", "tokenize_cache_entries", 0, 10000000, r.tokenize_cache_entries);
 }
 
+void read_gateway(checker& c, const toml::value& doc, gateway_settings& g) {
+  auto* gw = c.find(doc, "gateway");
+  if (!gw)
+    return;
+  if (!gw->is_table()) {
+    c.problem(*gw, "gateway must be a table");
+    return;
+  }
+  c.only_keys(*gw, "[gateway]",
+              {"max_body_bytes", "max_header_bytes", "read_timeout_ms", "idle_timeout_ms",
+               "request_timeout_ms", "connect_timeout_ms", "max_connections", "max_attempts",
+               "mark_down_ms", "threads"});
+  c.read_number(*gw, "gateway", "max_body_bytes", 1024, std::int64_t{1} << 30, g.max_body_bytes);
+  c.read_number(*gw, "gateway", "max_header_bytes", 1024, 1 << 20, g.max_header_bytes);
+  c.read_ms(*gw, "gateway", "read_timeout_ms", 100, 3600000, g.read_timeout);
+  c.read_ms(*gw, "gateway", "idle_timeout_ms", 100, 3600000, g.idle_timeout);
+  c.read_ms(*gw, "gateway", "request_timeout_ms", 100, 86400000, g.request_timeout);
+  c.read_ms(*gw, "gateway", "connect_timeout_ms", 10, 600000, g.connect_timeout);
+  c.read_number(*gw, "gateway", "max_connections", 1, 1000000, g.max_connections);
+  c.read_number(*gw, "gateway", "max_attempts", 1, 16, g.max_attempts);
+  c.read_ms(*gw, "gateway", "mark_down_ms", 0, 3600000, g.down_for);
+  c.read_number(*gw, "gateway", "threads", 1, 256, g.threads);
+}
+
 void read_engine(checker& c, const toml::value& t, const std::string& where, engine_spec& e) {
   c.only_keys(t, where,
               {"replica", "model", "url", "lora", "kv_events", "events_port", "topic", "dp_size",
@@ -629,10 +653,11 @@ topology_result parse_topology(const std::string& text, const std::string& path)
   }
   topology topo;
   topo.path = path;
-  c.only_keys(doc, "the top level", {"cluster", "tls", "router", "node"});
+  c.only_keys(doc, "the top level", {"cluster", "tls", "router", "gateway", "node"});
   read_cluster(c, doc, topo);
   read_tls(c, doc, topo);
   read_router(c, doc, topo.router);
+  read_gateway(c, doc, topo.gateway);
   auto* nodes = c.find(doc, "node");
   if (!nodes || !nodes->is_array() || nodes->as_array().empty()) {
     if (nodes && !nodes->is_array())

@@ -5,6 +5,7 @@
 //               check_agent_address
 //   [tls]       ca (PEM), or plaintext = true (loopback tests only)
 //   [router]    scoring and tier-1 knobs (router_settings below)
+//   [gateway]   HTTP limits and the proxy's timeouts (gateway_settings below)
 //   [[node]]    name, host, port, roles = ["agent", "control"], http
 //               ("host:port", control nodes), cert and key (PEM)
 //   [[node.engine]] (agent nodes) replica, model, url, lora, kv_events,
@@ -72,6 +73,20 @@ struct router_settings {
   std::size_t tokenize_cache_entries = 4096;
 };
 
+/// The gateway's limits and the proxy's patience.
+struct gateway_settings {
+  std::size_t max_body_bytes = 32u << 20;            ///< a request body (413 beyond)
+  std::size_t max_header_bytes = 64u << 10;          ///< a request's headers (431 beyond)
+  std::chrono::milliseconds read_timeout{30000};     ///< to receive one whole request
+  std::chrono::milliseconds idle_timeout{60000};     ///< a keep-alive connection's silence
+  std::chrono::milliseconds request_timeout{600000}; ///< a whole proxied request
+  std::chrono::milliseconds connect_timeout{2000};   ///< to connect to a replica
+  std::size_t max_connections = 4096;
+  std::uint32_t max_attempts = 3;            ///< replicas tried before giving up
+  std::chrono::milliseconds down_for{10000}; ///< a failed replica is avoided this long
+  std::size_t threads = 2;                   ///< HTTP threads (clients and upstreams each)
+};
+
 /// The whole cluster.
 struct topology {
   std::string path; ///< the file it came from
@@ -87,6 +102,7 @@ struct topology {
   std::string ca;         ///< the CA every node certificate is checked against
   bool plaintext = false; ///< no TLS at all (refused unless every host is loopback)
   router_settings router;
+  gateway_settings gateway;
   std::vector<node_spec> nodes;
 
   /// The node called `name`, or null.

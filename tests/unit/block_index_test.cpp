@@ -260,3 +260,16 @@ TEST(replica_index, a_hash_mismatch_is_not_trusted) {
   idx.apply({"r0", 0, 1, true, parity_state::verified, &a, nullptr}, now);
   EXPECT_TRUE(idx.trusted(h)) << "a reset with good hashes restores trust";
 }
+
+TEST(replica_index, ranks_may_arrive_in_any_order) {
+  replica_index idx;
+  auto now = std::chrono::steady_clock::now();
+  std::vector<block_ref> a{{1, medium::gpu}};
+  idx.apply({"r0", 2, 0, true, parity_state::unknown, &a, nullptr}, now);
+  idx.apply({"r0", 0, 0, true, parity_state::unknown, &a, nullptr}, now);
+  auto hs = idx.holders_of("r0");
+  ASSERT_EQ(hs.size(), 2u) << "rank 2 is there although rank 1 never was";
+  EXPECT_EQ(idx.info(hs[0]).dp_rank, 0u);
+  EXPECT_EQ(idx.info(hs[1]).dp_rank, 2u);
+  EXPECT_TRUE(idx.holders_of("zz").empty());
+}

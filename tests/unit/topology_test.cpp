@@ -124,6 +124,11 @@ launch = ["vllm", "serve", "llama"]
 cpu_weight = 0.25
 tie_margin = 0.1
 tier1_ttl_s = 60
+
+[gateway]
+max_body_bytes = 1048576
+request_timeout_ms = 120000
+max_attempts = 2
 )";
   auto r = parse(text);
   ASSERT_TRUE(r.value) << (r.problems.empty() ? "" : r.problems[0].to_string());
@@ -155,6 +160,10 @@ tier1_ttl_s = 60
   EXPECT_DOUBLE_EQ(t.router.cpu_weight, 0.25);
   EXPECT_DOUBLE_EQ(t.router.tie_margin, 0.1);
   EXPECT_EQ(t.router.tier1_ttl.count(), 60);
+  EXPECT_EQ(t.gateway.max_body_bytes, 1048576u);
+  EXPECT_EQ(t.gateway.request_timeout.count(), 120000);
+  EXPECT_EQ(t.gateway.max_attempts, 2u);
+  EXPECT_EQ(t.gateway.max_connections, 4096u) << "defaults stay";
   EXPECT_EQ(t.owner_of("a1"), &t.nodes[1]);
   EXPECT_EQ(t.owner_of("zz"), nullptr);
   EXPECT_EQ(t.controls().size(), 1u);

@@ -1,0 +1,305 @@
+#include "actors/proxy.hpp"
+
+#include "wire/log.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/send.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <optional>
+
+namespace llmgw {
+
+namespace {
+
+std::vector<double> seconds_bounds() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300};
+}
+
+bool iequals(const std::string& a, const char* b) {
+  std::size_t n = std::char_traits<char>::length(b);
+  if (a.size() != n)
+    return false;
+  for (std::size_t i = 0; i < n; ++i)
+    if (std::tolower(static_cast<unsigned char>(a[i]))
+        != std::tolower(static_cast<unsigned char>(b[i])))
+      return false;
+  return true;
+}
+
+/// Headers a proxy must not pass on (hop-by-hop, or framing it redoes).
+bool hop_by_hop(const std::string& name) {
+  for (const char* h :
+       {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+        "transfer-encoding", "upgrade", "content-length", "host", "server", "date"})
+    if (iequals(name, h))
+      return true;
+  return false;
+}
+
+double since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+/// One client request, through its attempts.
+class proxied : public std::enable_shared_from_this<proxied> {
+public:
+  proxied(const proxy_context& ctx, http_request&& req, http_responder respond, std::string path,
+          wire::routing_request routing)
+    : ctx_(ctx), req_(std::move(req)), respond_(std::move(respond)), path_(std::move(path)),
+      routing_(std::move(routing)), started_(std::chrono::steady_clock::now()) {}
+
+  void start() {
+    auto self = shared_from_this();
+    respond_.on_disconnect([self] { self->client_left(); });
+    route();
+  }
+
+private:
+  void route() {
+    auto self = shared_from_this();
+    route_flow(
+      ctx_.sys, ctx_.peers, ctx_.topo, routing_, false,
+      [self](const wire::route_decision& d) { self->on_decision(d); }, tried_);
+  }
+
+  void on_decision(const wire::route_decision& d) {
+    if (d.replica.empty()) {
+      if (!last_error_.empty())
+        return finish_error(502, "BadGatewayError",
+                            "no replica could answer; the last one failed: " + last_error_);
+      bool unknown = d.error.rfind("no replica serves", 0) == 0;
+      return finish_error(unknown ? 404 : 503,
+                          unknown ? "NotFoundError" : "ServiceUnavailableError", d.error);
+    }
+    std::lock_guard<std::mutex> g(mtx_);
+    if (gone_) {
+      caf::anon_send(ctx_.peers.router, done_atom::value, d.replica); // never sent
+      return;
+    }
+    decision_ = d;
+    tried_.push_back(d.replica);
+    std::vector<std::pair<std::string, std::string>> headers;
+    for (const auto& [k, v] : req_.headers)
+      if (!hop_by_hop(k) && !iequals(k, "x-data-parallel-rank"))
+        headers.emplace_back(k, v);
+    if (d.dp_rank >= 0) {
+      const auto* e = ctx_.topo->find_engine(d.replica);
+      if (e && e->dp_size > 1)
+        headers.emplace_back("X-data-parallel-rank", std::to_string(d.dp_rank));
+    }
+    auto self = shared_from_this();
+    http_call_handlers h;
+    h.on_head = [self](int status, std::vector<std::pair<std::string, std::string>> hs) {
+      self->on_head(status, std::move(hs));
+    };
+    h.on_data = [self](std::string data) { self->on_data(std::move(data)); };
+    h.on_done = [self](const std::string& err) { self->on_done(err); };
+    auto upstream = ctx_.upstream.lock();
+    if (!upstream) { // the gateway is shutting down
+      caf::anon_send(ctx_.peers.router, done_atom::value, d.replica);
+      respond_(http_reply{
+        503,
+        "application/json",
+        wire::openai_error_json("the gateway is stopping", "ServiceUnavailableError", 503),
+        {}});
+      return;
+    }
+    call_ = upstream->call("POST", d.url, path_, req_.body, std::move(headers),
+                           ctx_.topo->gateway.connect_timeout, ctx_.topo->gateway.request_timeout,
+                           std::move(h));
+  }
+
+  void on_head(int status, std::vector<std::pair<std::string, std::string>> headers) {
+    std::lock_guard<std::mutex> g(mtx_);
+    head_ = true;
+    status_ = status;
+    std::string content_type = "application/json";
+    bool chunked = false;
+    for (auto& [k, v] : headers) {
+      if (iequals(k, "content-type"))
+        content_type = v;
+      else if (iequals(k, "transfer-encoding"))
+        chunked = true;
+      else if (!hop_by_hop(k))
+        relay_headers_.emplace_back(std::move(k), std::move(v));
+    }
+    relay_headers_.emplace_back("x-llmgw-replica", decision_.replica);
+    relay_headers_.emplace_back("x-llmgw-tier", wire::to_string(decision_.tier));
+    content_type_ = content_type;
+    streaming_ = chunked || content_type.rfind("text/event-stream", 0) == 0;
+    if (streaming_) {
+      stream_ = respond_.stream(status, content_type, relay_headers_);
+      {
+        std::lock_guard<std::mutex> s(ctx_.stats->mtx);
+        ctx_.stats->first_byte_seconds.observe(since(started_));
+      }
+    }
+  }
+
+  void on_data(std::string data) {
+    std::lock_guard<std::mutex> g(mtx_);
+    if (streaming_) {
+      if (!stream_ || !stream_->write(std::move(data))) {
+        if (call_)
+          call_->cancel(); // the client is gone or not reading
+      }
+      return;
+    }
+    body_ += data;
+  }
+
+  void on_done(const std::string& err) {
+    std::unique_lock<std::mutex> g(mtx_);
+    caf::anon_send(ctx_.peers.router, done_atom::value, decision_.replica);
+    call_.reset();
+    if (gone_)
+      return;
+    if (err.empty()) {
+      if (streaming_) {
+        stream_->end();
+      } else {
+        std::lock_guard<std::mutex> s(ctx_.stats->mtx);
+        ctx_.stats->first_byte_seconds.observe(since(started_));
+      }
+      auto status = status_;
+      g.unlock();
+      if (!streaming_)
+        respond_(http_reply{status, content_type_, std::move(body_), relay_headers_});
+      count(status);
+      return;
+    }
+    // The replica failed.
+    auto reason = err.rfind("connect", 0) == 0                 ? "connect"
+                  : err.find("timed out") != std::string::npos ? "timeout"
+                                                               : "broken";
+    {
+      std::lock_guard<std::mutex> s(ctx_.stats->mtx);
+      ++ctx_.stats->failures[{decision_.replica, head_ ? "after_first_byte" : reason}];
+    }
+    LLMGW_LOG(warning, "gateway", "replica {} failed a request ({}){}", decision_.replica, err,
+              head_ ? ": the response is cut short" : "");
+    if (head_) {
+      if (streaming_) {
+        stream_->end();
+        auto status = status_;
+        g.unlock();
+        count(status);
+      } else {
+        g.unlock();
+        finish_error(502, "BadGatewayError",
+                     "replica " + decision_.replica + " failed mid-response: " + err);
+      }
+      return;
+    }
+    // Nothing was relayed: avoid this replica for a while and try the next.
+    caf::anon_send(ctx_.peers.router, mark_down_atom::value, decision_.replica,
+                   static_cast<std::uint32_t>(ctx_.topo->gateway.down_for.count()));
+    last_error_ = "replica " + decision_.replica + ": " + err;
+    if (tried_.size() >= ctx_.topo->gateway.max_attempts) {
+      g.unlock();
+      finish_error(502, "BadGatewayError",
+                   "tried " + std::to_string(tried_.size())
+                     + " replicas; the last: " + last_error_);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> s(ctx_.stats->mtx);
+      ++ctx_.stats->retries;
+    }
+    g.unlock();
+    route();
+  }
+
+  void client_left() {
+    std::lock_guard<std::mutex> g(mtx_);
+    if (gone_)
+      return;
+    gone_ = true;
+    {
+      std::lock_guard<std::mutex> s(ctx_.stats->mtx);
+      ++ctx_.stats->client_disconnects;
+    }
+    if (call_)
+      call_->cancel(); // on_done reports the replica finished
+  }
+
+  void finish_error(int status, const std::string& type, const std::string& message) {
+    respond_(
+      http_reply{status, "application/json", wire::openai_error_json(message, type, status), {}});
+    count(status);
+  }
+
+  void count(int status) {
+    std::lock_guard<std::mutex> s(ctx_.stats->mtx);
+    ++ctx_.stats->responses[{path_, status}];
+    ctx_.stats->total_seconds.observe(since(started_));
+  }
+
+  proxy_context ctx_;
+  http_request req_;
+  http_responder respond_;
+  std::string path_;
+  wire::routing_request routing_;
+  std::chrono::steady_clock::time_point started_;
+  std::mutex mtx_;
+  std::vector<std::string> tried_;
+  wire::route_decision decision_;
+  std::shared_ptr<http_call> call_;
+  std::optional<http_stream> stream_;
+  std::vector<std::pair<std::string, std::string>> relay_headers_;
+  std::string content_type_;
+  std::string body_;
+  std::string last_error_;
+  int status_ = 0;
+  bool head_ = false;
+  bool streaming_ = false;
+  bool gone_ = false;
+};
+
+} // namespace
+
+proxy_stats::proxy_stats()
+  : first_byte_seconds(seconds_bounds()), total_seconds(seconds_bounds()) {}
+
+void proxy_stats::append(wire::metrics_text& m) const {
+  std::lock_guard<std::mutex> g(mtx);
+  for (const auto& [key, n] : responses)
+    m.counter("llmgw_gateway_responses_total", "Proxied requests answered, by endpoint and status.",
+              static_cast<double>(n),
+              {{"endpoint", key.first}, {"code", std::to_string(key.second)}});
+  if (responses.empty())
+    m.counter("llmgw_gateway_responses_total", "Proxied requests answered, by endpoint and status.",
+              0);
+  for (const auto& [key, n] : failures)
+    m.counter("llmgw_upstream_failures_total",
+              "Requests a replica failed: connect, timeout, broken (before any byte), "
+              "after_first_byte.",
+              static_cast<double>(n), {{"replica", key.first}, {"reason", key.second}});
+  m.counter("llmgw_upstream_retries_total", "Requests sent to another replica after a failure.",
+            static_cast<double>(retries));
+  m.counter("llmgw_client_disconnects_total", "Clients that left before their answer was done.",
+            static_cast<double>(client_disconnects));
+  m.histogram("llmgw_gateway_first_byte_seconds",
+              "From the request to the first byte relayed (time to first token, streamed).",
+              first_byte_seconds);
+  m.histogram("llmgw_gateway_request_seconds", "From the request to its answer done.",
+              total_seconds);
+}
+
+void proxy_request(const proxy_context& ctx, http_request&& req, http_responder respond,
+                   const std::string& path, wire::request_kind kind) {
+  auto parsed = wire::parse_routing_request(req.body, kind);
+  if (!parsed) {
+    auto body = wire::openai_error_json(parsed.err().message, "BadRequestError", 400);
+    respond(http_reply{400, "application/json", std::move(body), {}});
+    std::lock_guard<std::mutex> s(ctx.stats->mtx);
+    ++ctx.stats->responses[{path, 400}];
+    return;
+  }
+  std::make_shared<proxied>(ctx, std::move(req), std::move(respond), path, std::move(*parsed))
+    ->start();
+}
+
+} // namespace llmgw

@@ -1,0 +1,340 @@
+// The gateway's proxy against stand-in engines on loopback: relaying bodies,
+// headers and event streams, trying the next replica, cutting short, client
+// disconnects, data-parallel ranks, errors, and load accounting.
+#include "actors/control.hpp"
+#include "actors/gateway.hpp"
+#include "actors/http_client.hpp"
+#include "actors/http_server.hpp"
+#include "actors/router.hpp"
+#include "actors/tokenizer.hpp"
+#include "messages/registration.hpp"
+#include "wire/block_hash.hpp"
+
+#include <boost/json.hpp>
+#include <caf/all.hpp>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <future>
+#include <thread>
+
+using namespace std::chrono_literals;
+using namespace llmgw;
+namespace json = boost::json;
+
+namespace {
+
+struct sys_config : caf::actor_system_config {
+  sys_config() {
+    register_message_types(*this);
+    set("scheduler.max-threads", 2);
+  }
+};
+
+/// A stand-in engine: records requests, answers as told.
+struct fake_engine {
+  enum class mode { json, sse, fail_mid_stream, hang };
+  std::atomic<mode> how{mode::json};
+  std::mutex mtx;
+  std::vector<http_request> seen;
+  std::vector<std::thread> workers;
+  std::promise<void> release; ///< lets the second SSE event go
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<int> disconnects{0};
+  std::vector<http_responder> held;
+  std::string name;
+  std::unique_ptr<http_server> server;
+
+  explicit fake_engine(std::string n) : name(std::move(n)) {
+    server = std::make_unique<http_server>(
+      "127.0.0.1", 0, 2, http_server_limits{}, [this](http_request&& req, http_responder respond) {
+        std::lock_guard<std::mutex> g(mtx);
+        seen.push_back(req);
+        respond.on_disconnect([this] { ++disconnects; });
+        switch (how.load()) {
+        case mode::json:
+          respond(http_reply{200,
+                             "application/json",
+                             R"({"id":"cmpl-1","served_by":")" + name + R"("})",
+                             {{"x-engine", name}, {"connection", "keep-alive"}}});
+          break;
+        case mode::sse:
+          workers.emplace_back([this, respond] {
+            auto s = respond.stream(200, "text/event-stream; charset=utf-8");
+            s.write("data: {\"n\":1}\n\n");
+            released.wait_for(5s);
+            s.write("data: {\"n\":2}\n\ndata: [DONE]\n\n");
+            s.end();
+          });
+          break;
+        case mode::fail_mid_stream:
+          workers.emplace_back([respond] {
+            auto s = respond.stream(200, "text/event-stream");
+            s.write("data: {\"n\":1}\n\n");
+            std::this_thread::sleep_for(50ms);
+            s.abort(); // the engine dies: the connection closes without an end
+          });
+          break;
+        case mode::hang:
+          held.push_back(respond);
+          break;
+        }
+      });
+  }
+  ~fake_engine() {
+    server->stop();
+    for (auto& w : workers)
+      w.join();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(server->port()); }
+  /// Requests seen, /tokenize calls left out.
+  std::size_t requests() {
+    std::lock_guard<std::mutex> g(mtx);
+    return static_cast<std::size_t>(std::count_if(
+      seen.begin(), seen.end(), [](const auto& r) { return r.target != "/tokenize"; }));
+  }
+};
+
+struct gateway_test : ::testing::Test {
+  fake_engine e0{"e0"}, e1{"e1"};
+  std::shared_ptr<wire::topology> topo = std::make_shared<wire::topology>();
+  sys_config cfg;
+  caf::actor_system sys{cfg};
+  router_actor rt;
+  control_actor ctl;
+  tokenizer_actor tok;
+  std::unique_ptr<gateway> gw;
+  http_client client;
+
+  void SetUp() override {
+    topo->seed = "0";
+    topo->block_size = 4;
+    topo->plaintext = true;
+    topo->gateway.down_for = 60s;
+    wire::node_spec c;
+    c.name = "control-1";
+    c.roles.control = true;
+    topo->nodes.push_back(c);
+    wire::node_spec a;
+    a.name = "agent-a";
+    a.roles.agent = true;
+    for (auto* e : {&e0, &e1}) {
+      wire::engine_spec spec;
+      spec.replica = e->name;
+      spec.model = "m";
+      spec.url = e->url();
+      spec.kv_events = true;
+      spec.dp_size = 2;
+      a.engines.push_back(spec);
+    }
+    wire::engine_spec dead; // nothing listens there
+    dead.replica = "dead";
+    dead.model = "only-dead";
+    dead.url = "http://127.0.0.1:1";
+    a.engines.push_back(dead);
+    topo->nodes.push_back(a);
+    rt = sys.spawn(router, *topo);
+    ctl = sys.spawn(control, control_options{"control-1", topo, {}, 64}, rt);
+    tok = sys.spawn(tokenizer, *topo);
+    gw = std::make_unique<gateway>(sys, topo, "127.0.0.1", 0, gateway_peers{rt, ctl, tok});
+    ASSERT_NE(gw->port(), 0) << gw->error();
+  }
+
+  void TearDown() override {
+    gw->stop();
+    for (const auto& a : {caf::actor_cast<caf::actor>(rt), caf::actor_cast<caf::actor>(ctl),
+                          caf::actor_cast<caf::actor>(tok)})
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  }
+
+  std::string base() const { return "http://127.0.0.1:" + std::to_string(gw->port()); }
+
+  /// A whole request through the gateway.
+  struct answer {
+    int status = 0;
+    std::string headers;
+    std::string body;
+    std::string error;
+  };
+  answer post(const std::string& path, const std::string& body,
+              std::vector<std::pair<std::string, std::string>> headers = {}) {
+    answer a;
+    std::promise<void> done;
+    std::mutex mtx;
+    client.call("POST", base(), path, body, std::move(headers), 2s, 10s,
+                {[&](int s, std::vector<std::pair<std::string, std::string>> hs) {
+                   std::lock_guard<std::mutex> g(mtx);
+                   a.status = s;
+                   for (auto& [k, v] : hs)
+                     a.headers += k + ": " + v + "\n";
+                 },
+                 [&](std::string d) {
+                   std::lock_guard<std::mutex> g(mtx);
+                   a.body += d;
+                 },
+                 [&](const std::string& e) {
+                   a.error = e;
+                   done.set_value();
+                 }});
+    EXPECT_EQ(done.get_future().wait_for(15s), std::future_status::ready);
+    std::lock_guard<std::mutex> g(mtx);
+    return a;
+  }
+
+  /// Gives `replica` rank `rank` the blocks of `tokens` (as an agent would).
+  void hold(const std::string& replica, std::uint32_t rank, const std::vector<std::uint32_t>& t) {
+    wire::block_hasher h(topo->seed, topo->block_size);
+    replica_update u;
+    u.node = "agent-a";
+    u.replica = replica;
+    u.dp_rank = rank;
+    u.reset = true;
+    for (const auto& b : h.hash(t))
+      u.added.push_back({b.key, wire::medium::gpu});
+    caf::anon_send(rt, u);
+  }
+
+  json::value replicas() {
+    std::promise<http_response> p;
+    client.request("GET", base(), "/v1/kv/replicas", "", 5s,
+                   [&p](http_response r) { p.set_value(std::move(r)); });
+    return json::parse(p.get_future().get().body);
+  }
+
+  std::int64_t outstanding(const std::string& replica) {
+    auto doc = replicas(); // a range-for over a temporary's member would dangle
+    for (const auto& r : doc.at("replicas").as_array())
+      if (r.at("replica") == replica.c_str())
+        return r.at("outstanding").as_int64();
+    return -1;
+  }
+};
+
+const std::string body_ids =
+  R"({"model": "m", "prompt": [1, 2, 3, 4, 5, 6, 7, 8, 9], "max_tokens": 4})";
+
+} // namespace
+
+TEST_F(gateway_test, relays_the_answer_with_its_status_and_headers) {
+  auto a = post("/v1/completions", body_ids, {{"Authorization", "Bearer k"}});
+  EXPECT_EQ(a.status, 200) << a.body << a.error;
+  auto served_by = json::parse(a.body).at("served_by").as_string();
+  auto& engine = served_by == "e0" ? e0 : e1;
+  EXPECT_NE(a.headers.find("x-engine: " + std::string(served_by)), std::string::npos) << a.headers;
+  EXPECT_NE(a.headers.find("x-llmgw-replica: " + std::string(served_by)), std::string::npos);
+  EXPECT_NE(a.headers.find("x-llmgw-tier: load"), std::string::npos) << "nothing is cached";
+  ASSERT_EQ(engine.requests(), 1u);
+  std::lock_guard<std::mutex> g(engine.mtx);
+  EXPECT_EQ(engine.seen[0].body, body_ids) << "byte for byte";
+  EXPECT_EQ(engine.seen[0].target, "/v1/completions");
+  EXPECT_EQ(engine.seen[0].header("authorization"), "Bearer k");
+}
+
+TEST_F(gateway_test, an_event_stream_is_relayed_as_it_arrives) {
+  e0.how = e1.how = fake_engine::mode::sse;
+  std::string got;
+  std::mutex mtx;
+  std::promise<void> done;
+  client.call("POST", base(), "/v1/chat/completions",
+              R"({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]})",
+              {}, 2s, 10s,
+              {[](int, std::vector<std::pair<std::string, std::string>>) {},
+               [&](std::string d) {
+                 std::lock_guard<std::mutex> g(mtx);
+                 got += d;
+               },
+               [&](const std::string&) { done.set_value(); }});
+  bool first = false;
+  for (int i = 0; i < 500 && !first; ++i) {
+    std::this_thread::sleep_for(10ms);
+    std::lock_guard<std::mutex> g(mtx);
+    first = got == "data: {\"n\":1}\n\n";
+  }
+  EXPECT_TRUE(first) << "the first event arrives before the engine sends the second: " << got;
+  e0.release.set_value();
+  e1.release.set_value();
+  ASSERT_EQ(done.get_future().wait_for(10s), std::future_status::ready);
+  std::lock_guard<std::mutex> g(mtx);
+  EXPECT_EQ(got, "data: {\"n\":1}\n\ndata: {\"n\":2}\n\ndata: [DONE]\n\n") << "byte for byte";
+}
+
+TEST_F(gateway_test, a_replica_that_refuses_is_skipped_and_marked_down) {
+  e0.server->stop(); // e0 refuses connections from now on
+  for (int i = 0; i < 4; ++i) {
+    auto a = post("/v1/completions", body_ids);
+    EXPECT_EQ(a.status, 200) << a.body;
+    EXPECT_NE(a.headers.find("x-llmgw-replica: e1"), std::string::npos) << a.headers;
+  }
+  std::promise<http_response> p;
+  client.request("GET", base(), "/metrics", "", 5s,
+                 [&p](http_response r) { p.set_value(std::move(r)); });
+  auto metrics = p.get_future().get().body;
+  EXPECT_NE(metrics.find("llmgw_upstream_failures_total{replica=\"e0\",reason=\"connect\"} 1\n"),
+            std::string::npos)
+    << "tried once, then avoided while down: " << metrics;
+  EXPECT_NE(metrics.find("llmgw_upstream_retries_total 1\n"), std::string::npos);
+  EXPECT_EQ(e1.requests(), 4u);
+}
+
+TEST_F(gateway_test, a_failure_after_the_first_byte_cuts_the_response_short) {
+  e0.how = e1.how = fake_engine::mode::fail_mid_stream;
+  auto a = post("/v1/completions", R"({"model": "m", "prompt": "x", "stream": true})");
+  EXPECT_EQ(a.status, 200);
+  EXPECT_EQ(a.body, "data: {\"n\":1}\n\n") << "what was relayed stays; nothing is retried";
+  EXPECT_EQ(e0.requests() + e1.requests(), 1u);
+}
+
+TEST_F(gateway_test, a_client_that_leaves_cancels_the_upstream_request) {
+  e0.how = e1.how = fake_engine::mode::hang;
+  auto call = client.call("POST", base(), "/v1/completions", body_ids, {}, 2s, 10s, {});
+  for (int i = 0; i < 500 && e0.requests() + e1.requests() == 0; ++i)
+    std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(e0.requests() + e1.requests(), 1u);
+  call->cancel();
+  for (int i = 0; i < 500 && e0.disconnects + e1.disconnects == 0; ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(e0.disconnects + e1.disconnects, 1) << "the engine can stop generating";
+  for (int i = 0; i < 100 && (outstanding("e0") != 0 || outstanding("e1") != 0); ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(outstanding("e0") + outstanding("e1"), 0) << "the request no longer counts as load";
+}
+
+TEST_F(gateway_test, the_rank_holding_the_prefix_is_named_for_the_engine) {
+  hold("e1", 1, {1, 2, 3, 4, 5, 6, 7, 8});
+  std::this_thread::sleep_for(50ms);
+  auto a = post("/v1/completions", body_ids);
+  EXPECT_EQ(a.status, 200);
+  EXPECT_NE(a.headers.find("x-llmgw-replica: e1"), std::string::npos) << a.headers;
+  EXPECT_NE(a.headers.find("x-llmgw-tier: kv"), std::string::npos) << a.headers;
+  std::lock_guard<std::mutex> g(e1.mtx);
+  ASSERT_EQ(e1.seen.size(), 1u);
+  EXPECT_EQ(e1.seen[0].header("x-data-parallel-rank"), "1");
+}
+
+TEST_F(gateway_test, errors_are_openai_json_with_the_right_status) {
+  auto bad = post("/v1/completions", R"({"prompt": "x"})");
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_EQ(json::parse(bad.body).at("error").at("message"), "'model' must be a non-empty string");
+  auto unknown = post("/v1/chat/completions",
+                      R"({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]})");
+  EXPECT_EQ(unknown.status, 404);
+  EXPECT_EQ(json::parse(unknown.body).at("error").at("type"), "NotFoundError");
+  auto dead = post("/v1/completions", R"({"model": "only-dead", "prompt": [1, 2]})");
+  EXPECT_EQ(dead.status, 502) << dead.body;
+  EXPECT_NE(json::parse(dead.body).at("error").at("message").as_string().find("replica dead:"),
+            json::string::npos)
+    << dead.body;
+  std::promise<http_response> p;
+  client.request("GET", base(), "/v1/completions", "", 5s,
+                 [&p](http_response r) { p.set_value(std::move(r)); });
+  EXPECT_EQ(p.get_future().get().status, 405);
+}
+
+TEST_F(gateway_test, finished_requests_leave_no_load_behind) {
+  for (int i = 0; i < 6; ++i)
+    EXPECT_EQ(post("/v1/completions", body_ids).status, 200);
+  EXPECT_EQ(outstanding("e0"), 0);
+  EXPECT_EQ(outstanding("e1"), 0);
+  EXPECT_EQ(e0.requests(), 3u) << "by load, in turn";
+  EXPECT_EQ(e1.requests(), 3u);
+}
