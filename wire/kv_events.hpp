@@ -113,6 +113,20 @@ struct decode_limits {
 /// message says what was wrong and at which event and field.
 result<event_batch> decode_batch(std::string_view payload, const decode_limits& limits = {});
 
+/// The two event encodings vLLM has used.
+enum class event_shape : std::uint8_t {
+  array, ///< positional arrays (vLLM before 2026-06)
+  map,   ///< maps with a "type" key, None-valued optional fields left out
+};
+
+/// Encodes a batch as vLLM's publisher does, byte for byte: the array shape
+/// writes BlockStored with 12 elements and BlockRemoved with 4 (13 and 5 when
+/// a locality is set); the map shape always writes type, block_hashes,
+/// parent_block_hash, token_ids, block_size, lora_id, medium and lora_name,
+/// and extra_keys, group_idx, the spec fields and locality only when set. A
+/// hash is written as it was read: an integer, or the raw digest as bin.
+std::string encode_batch(const event_batch& batch, event_shape shape);
+
 /// Reduces a raw digest (16 or 32 bytes) to its 64-bit key, as vLLM does.
 block_key key_of_digest(const std::uint8_t* digest, std::size_t size) noexcept;
 
