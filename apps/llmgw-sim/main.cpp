@@ -1,0 +1,116 @@
+// llmgw-sim: a stand-in for vLLM where there is no GPU. Started like vLLM
+// (the flags below keep vLLM's names; PYTHONHASHSEED and
+// VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES from the environment), it serves
+// vLLM's HTTP API and publishes vLLM's KV event stream (apps/llmgw-sim/
+// sim_engine.hpp). SIGTERM or SIGINT stop it.
+//   llmgw-sim [serve] MODEL --port 8001 --kv-events-config '{...}' ...
+#include "apps/llmgw-sim/sim_engine.hpp"
+#include "wire/log.hpp"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <pthread.h>
+
+int main(int argc, char** argv) {
+  using llmgw::sim::engine_options;
+  engine_options o;
+  std::vector<std::string> positional;
+  std::vector<std::string> lora;
+  std::string served_name;
+  std::string shape = "map";
+  std::size_t override_blocks = 0;
+  CLI::App app{"llmgw-sim: a vLLM stand-in (HTTP API, KV cache, KV events), no GPU needed"};
+  app.add_option("positional", positional, "[serve] MODEL, as vLLM takes them");
+  app.add_option("--model", o.model, "the model name to serve");
+  app.add_option("--served-model-name", served_name, "the name clients use (default: --model)");
+  app.add_option("--host", o.host, "listen address")->capture_default_str();
+  app.add_option("--port", o.port, "listen port")->capture_default_str();
+  app.add_option("--block-size", o.block_size, "tokens per KV block")
+    ->check(CLI::Range(1, 4096))
+    ->capture_default_str();
+  app.add_option("--num-gpu-blocks", o.num_gpu_blocks, "KV cache size in blocks")
+    ->check(CLI::Range(1, 100000000))
+    ->capture_default_str();
+  app.add_option("--num-gpu-blocks-override", override_blocks, "vLLM's name for the same");
+  app.add_option("--max-model-len", o.max_model_len, "prompt + completion tokens at most")
+    ->capture_default_str();
+  app
+    .add_option("--prefix-caching-hash-algo", o.hash_algo,
+                "sha256_cbor (reproducible) or anything else (not)")
+    ->capture_default_str();
+  app.add_flag("--enable-prefix-caching", "always on here");
+  app.add_option("--kv-events-config", o.kv_events_config, "vLLM's KV events JSON");
+  app.add_flag("--enable-lora", o.enable_lora, "serve LoRA adapters");
+  app.add_option("--lora-modules", lora, "NAME=PATH ...")->allow_extra_args(true);
+  app.add_option("--data-parallel-size", o.dp_size, "data-parallel ranks")
+    ->check(CLI::Range(1, 64))
+    ->capture_default_str();
+  app.add_flag("--enable-prompt-tokens-details", o.prompt_tokens_details,
+               "report usage.prompt_tokens_details.cached_tokens");
+  app.add_option("--sim-base-ms", o.base_ms, "fixed time before a first token")
+    ->capture_default_str();
+  app
+    .add_option("--sim-prefill-us-per-token", o.prefill_us_per_token,
+                "prefill time per prompt token not in the cache")
+    ->capture_default_str();
+  app.add_option("--sim-decode-ms-per-token", o.decode_ms_per_token, "time per generated token")
+    ->capture_default_str();
+  app.add_option("--sim-max-tokens", o.default_max_tokens, "max_tokens when a request has none")
+    ->capture_default_str();
+  app.add_option("--sim-event-shape", shape, "array (vLLM before 2026-06) or map")
+    ->check(CLI::IsMember({"array", "map"}))
+    ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  if (!positional.empty() && positional[0] == "serve")
+    positional.erase(positional.begin());
+  if (o.model.empty() && !positional.empty())
+    o.model = positional[0];
+  if (o.model.empty()) {
+    fmt::print(stderr, "llmgw-sim: name a model (llmgw-sim serve MODEL or --model MODEL)\n");
+    return 2;
+  }
+  if (!served_name.empty())
+    o.model = served_name;
+  if (override_blocks)
+    o.num_gpu_blocks = override_blocks;
+  for (const auto& l : lora) {
+    auto eq = l.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      fmt::print(stderr, "llmgw-sim: --lora-modules takes NAME=PATH, not '{}'\n", l);
+      return 2;
+    }
+    o.lora_modules.emplace_back(l.substr(0, eq), l.substr(eq + 1));
+  }
+  if (!o.lora_modules.empty() && !o.enable_lora) {
+    fmt::print(stderr, "llmgw-sim: --lora-modules needs --enable-lora (as in vLLM)\n");
+    return 2;
+  }
+  if (const char* seed = std::getenv("PYTHONHASHSEED"))
+    o.seed = seed;
+  if (const char* ints = std::getenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"))
+    o.int_hashes = std::string(ints) != "0";
+  o.event_shape =
+    shape == "array" ? llmgw::wire::event_shape::array : llmgw::wire::event_shape::map;
+
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  int sig = 0;
+  {
+    llmgw::sim::engine e(o);
+    if (!e.error().empty()) {
+      fmt::print(stderr, "llmgw-sim: {}\n", e.error());
+      return 1;
+    }
+    LLMGW_LOG(info, "llmgw-sim", "serving {} on http://{}:{} ({} rank{}, {} blocks of {} tokens{})",
+              o.model, o.host, e.port(), o.dp_size, o.dp_size == 1 ? "" : "s", o.num_gpu_blocks,
+              o.block_size, o.kv_events_config.empty() ? "" : ", KV events on");
+    sigwait(&signals, &sig);
+  }
+  return 0;
+}
