@@ -369,7 +369,7 @@ void read_cluster(checker& c, const toml::value& doc, topology& out) {
                                out.connection_timeout.count(), out.heartbeat.count()));
 }
 
-void read_tls(checker& c, const toml::value& doc, topology& out) {
+void read_tls(checker& c, const toml::value& doc, topology& out, bool check_files) {
   auto* tls = c.find(doc, "tls");
   if (!tls) {
     c.problem("missing [tls]: set ca = \"ca.pem\" (and cert/key per node), or plaintext = true "
@@ -389,7 +389,7 @@ void read_tls(checker& c, const toml::value& doc, topology& out) {
     c.problem(*tls, "[tls] needs ca (or plaintext = true for a loopback-only cluster)");
   if (!out.ca.empty()) {
     out.ca = c.resolve(out.ca);
-    if (!std::ifstream(out.ca))
+    if (check_files && !std::ifstream(out.ca))
       c.problem(*c.find(*tls, "ca"), fmt::format("cannot read CA file '{}'", out.ca));
   }
 }
@@ -499,7 +499,7 @@ void read_engine(checker& c, const toml::value& t, const std::string& where, eng
 }
 
 void read_node(checker& c, const toml::value& t, std::size_t index, const topology& topo,
-               node_spec& n) {
+               node_spec& n, bool check_files) {
   auto where = fmt::format("node[{}]", index);
   c.only_keys(t, where, {"name", "host", "port", "roles", "http", "cert", "key", "engine"});
   c.read(t, where, "name", n.name, true);
@@ -547,7 +547,7 @@ void read_node(checker& c, const toml::value& t, std::size_t index, const topolo
     else if (!topo.ca.empty()) {
       n.cert = c.resolve(n.cert);
       n.key = c.resolve(n.key);
-      auto why = check_tls(topo.ca, n.cert, n.key);
+      auto why = check_files ? check_tls(topo.ca, n.cert, n.key) : std::string{};
       if (!why.empty())
         c.problem(*c.find(t, "cert"), fmt::format("{}: {}", where, why));
     }
@@ -635,7 +635,8 @@ void check_cluster_wide(checker& c, const std::vector<const toml::value*>& value
 
 } // namespace
 
-topology_result parse_topology(const std::string& text, const std::string& path) {
+topology_result parse_topology(const std::string& text, const std::string& path,
+                               const topology_options& opts) {
   topology_result out;
   auto slash = path.rfind('/');
   checker c(path, slash == std::string::npos ? std::string{} : path.substr(0, slash));
@@ -655,7 +656,7 @@ topology_result parse_topology(const std::string& text, const std::string& path)
   topo.path = path;
   c.only_keys(doc, "the top level", {"cluster", "tls", "router", "gateway", "node"});
   read_cluster(c, doc, topo);
-  read_tls(c, doc, topo);
+  read_tls(c, doc, topo, opts.check_tls_files);
   read_router(c, doc, topo.router);
   read_gateway(c, doc, topo.gateway);
   auto* nodes = c.find(doc, "node");
@@ -673,7 +674,7 @@ topology_result parse_topology(const std::string& text, const std::string& path)
         continue;
       }
       node_spec n;
-      read_node(c, nv, i++, topo, n);
+      read_node(c, nv, i++, topo, n, opts.check_tls_files);
       topo.nodes.push_back(std::move(n));
       values.push_back(&nv);
     }
@@ -689,7 +690,7 @@ topology_result parse_topology(const std::string& text, const std::string& path)
   return out;
 }
 
-topology_result load_topology(const std::string& path) {
+topology_result load_topology(const std::string& path, const topology_options& opts) {
   std::ifstream in(path);
   if (!in) {
     topology_result out;
@@ -698,7 +699,7 @@ topology_result load_topology(const std::string& path) {
   }
   std::ostringstream buf;
   buf << in.rdbuf();
-  return parse_topology(buf.str(), path);
+  return parse_topology(buf.str(), path, opts);
 }
 
 } // namespace llmgw::wire

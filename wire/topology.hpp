@@ -134,11 +134,19 @@ struct topology_result {
   std::vector<config_problem> problems;
 };
 
+/// How strictly to read.
+struct topology_options {
+  /// Check that TLS files exist and fit together. Off only for `llmgw up`,
+  /// which makes a local cluster's certificates before the strict check.
+  bool check_tls_files = true;
+};
+
 /// Reads and checks a topology file.
-topology_result load_topology(const std::string& path);
+topology_result load_topology(const std::string& path, const topology_options& opts = {});
 
 /// The same from text (for tests); `path` names it in messages and is where
 /// relative file names are resolved from.
-topology_result parse_topology(const std::string& text, const std::string& path);
+topology_result parse_topology(const std::string& text, const std::string& path,
+                               const topology_options& opts = {});
 
 } // namespace llmgw::wire

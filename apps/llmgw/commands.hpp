@@ -26,6 +26,9 @@ void add_certs_command(CLI::App& app, int& exit_code);
 /// `llmgw node`: runs one node of a topology.
 void add_node_command(CLI::App& app, int& exit_code);
 
+/// `llmgw up`: every node of a single-machine topology, for a demo.
+void add_up_command(CLI::App& app, int& exit_code);
+
 /// `llmgw events`: prints an engine's KV event stream as JSON lines.
 void add_events_command(CLI::App& app, int& exit_code);
 

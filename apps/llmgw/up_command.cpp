@@ -1,0 +1,362 @@
+// `llmgw up --config FILE [--demo] [--exit-after-demo] [--logs DIR]`: every
+// node of a single-machine topology as child processes, for a demo or a
+// test.
+//
+// It makes the cluster's certificates if the topology names files that do
+// not exist yet (a private CA, one certificate per node: mutual TLS as in
+// production), checks the whole topology, starts the control nodes, waits
+// for their gateways, starts the agents (which launch the engines), waits
+// until every replica with KV events has its KV state at the control nodes,
+// prints the gateway's URL, optionally runs the demo traffic, and then shows
+// a one-line status until Ctrl-C or SIGTERM, when it stops every node (and
+// so every engine) and waits for them. Children get SIGTERM if `llmgw up`
+// itself dies. Node logs go to files in the log folder.
+#include "actors/http_client.hpp"
+#include "apps/llmgw/commands.hpp"
+#include "apps/llmgw/demo.hpp"
+#include "wire/pki.hpp"
+#include "wire/topology.hpp"
+
+#include <CLI/CLI.hpp>
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <fcntl.h>
+#include <filesystem>
+#include <future>
+#include <map>
+#include <sstream>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+extern char** environ;
+
+namespace llmgw::apps {
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace json = boost::json;
+using namespace std::chrono_literals;
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+/// Makes the certificates the topology names, if they do not exist yet and
+/// follow the layout `llmgw certs` writes (DIR/ca.pem, DIR/NODE.pem/.key).
+bool ensure_certificates(const wire::topology& t, std::string& error) {
+  if (t.plaintext || t.ca.empty())
+    return true;
+  auto dir = fs::path(t.ca).parent_path().string();
+  bool missing = !fs::exists(t.ca);
+  for (const auto& n : t.nodes)
+    missing = missing || !fs::exists(n.cert) || !fs::exists(n.key);
+  if (!missing)
+    return true;
+  if (fs::path(t.ca).filename() != "ca.pem") {
+    error = "the topology's CA must be DIR/ca.pem for llmgw up to make certificates";
+    return false;
+  }
+  for (const auto& n : t.nodes) {
+    auto want = wire::credentials_in(dir, n.name);
+    if (fs::path(n.cert) != fs::path(want.cert) || fs::path(n.key) != fs::path(want.key)) {
+      error = fmt::format("node '{}': cert/key must be {}/{}.pem and .key for llmgw up to make "
+                          "them (or make them with llmgw certs)",
+                          n.name, dir, n.name);
+      return false;
+    }
+  }
+  fmt::print("llmgw up: making a private CA and node certificates in {}\n", dir);
+  if (auto e = wire::ensure_ca(dir); !e.empty()) {
+    error = e;
+    return false;
+  }
+  for (const auto& n : t.nodes)
+    if (!fs::exists(n.cert) || !fs::exists(n.key))
+      if (auto e = wire::issue_node_certificate(dir, n.name, {n.host}); !e.empty()) {
+        error = e;
+        return false;
+      }
+  return true;
+}
+
+std::string self_path() {
+  std::error_code ec;
+  auto p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("llmgw") : p.string();
+}
+
+/// Starts `llmgw node` for `node`, its output into `log`; dies with us.
+pid_t start_node(const std::string& self, const std::string& config, const std::string& node,
+                 const std::string& log, const std::string& path_env) {
+  std::vector<std::string> args = {self, "node", "--config", config, "--node", node};
+  std::vector<char*> argv;
+  for (auto& a : args)
+    argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e; ++e)
+    if (std::string(*e).rfind("PATH=", 0) != 0)
+      env_strings.emplace_back(*e);
+  env_strings.push_back("PATH=" + path_env);
+  std::vector<char*> envp;
+  for (auto& e : env_strings)
+    envp.push_back(e.data());
+  envp.push_back(nullptr);
+  pid_t parent = ::getpid();
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::close(fd);
+    }
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent)
+      ::_exit(127);
+    ::execve(argv[0], argv.data(), envp.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+http_response get(http_client& http, const std::string& base, const std::string& target) {
+  std::promise<http_response> p;
+  http.request("GET", base, target, "", 2s, [&p](http_response r) { p.set_value(std::move(r)); });
+  return p.get_future().get();
+}
+
+/// Control node -> replicas with KV events that have KV state there.
+std::size_t replicas_with_state(http_client& http, const std::string& base) {
+  auto r = get(http, base, "/v1/kv/replicas");
+  if (r.status != 200)
+    return 0;
+  boost::system::error_code ec;
+  auto doc = json::parse(r.body, ec);
+  if (ec)
+    return 0;
+  std::size_t n = 0;
+  for (const auto& rep : doc.at("replicas").as_array())
+    if (rep.at("trusted").as_bool())
+      ++n;
+  return n;
+}
+
+/// One sample of /metrics, or 0.
+double metric(const std::string& text, const std::string& sample) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(sample + " ", 0) == 0)
+      return std::stod(line.substr(sample.size() + 1));
+  return 0;
+}
+
+struct child {
+  std::string node;
+  std::string log;
+  pid_t pid = 0;
+  bool exited = false;
+};
+
+void stop_all(std::vector<child>& children) {
+  for (auto& c : children)
+    if (!c.exited)
+      ::kill(c.pid, SIGTERM);
+  auto deadline = std::chrono::steady_clock::now() + 15s;
+  for (auto& c : children) {
+    while (!c.exited && std::chrono::steady_clock::now() < deadline) {
+      if (::waitpid(c.pid, nullptr, WNOHANG) == c.pid)
+        c.exited = true;
+      else
+        std::this_thread::sleep_for(20ms);
+    }
+    if (!c.exited) {
+      ::kill(c.pid, SIGKILL);
+      ::waitpid(c.pid, nullptr, 0);
+      c.exited = true;
+    }
+  }
+}
+
+struct up_options {
+  std::string config;
+  bool demo = false;
+  bool exit_after_demo = false;
+  std::string logs;
+  int ready_timeout_s = 60;
+};
+
+int run_up(const up_options& o) {
+  auto lenient = wire::load_topology(o.config, wire::topology_options{false});
+  if (!lenient.value) {
+    fmt::print(stderr, "llmgw up: {} has problems:\n", o.config);
+    for (const auto& p : lenient.problems)
+      fmt::print(stderr, "  {}\n", p.to_string());
+    return 2;
+  }
+  for (const auto& n : lenient.value->nodes)
+    if (!is_loopback(n.host)) {
+      fmt::print(stderr,
+                 "llmgw up: node '{}' is on {}: llmgw up runs single-machine topologies (start "
+                 "llmgw node on each machine instead)\n",
+                 n.name, n.host);
+      return 2;
+    }
+  std::string error;
+  if (!ensure_certificates(*lenient.value, error)) {
+    fmt::print(stderr, "llmgw up: {}\n", error);
+    return 2;
+  }
+  wire::topology topo;
+  if (!load_or_report(o.config, topo, "up"))
+    return 2;
+  // Signals come to this thread via sigtimedwait; children get them unblocked.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::string logs = o.logs;
+  if (logs.empty()) {
+    char tmpl[] = "/tmp/llmgw-up-XXXXXX";
+    logs = ::mkdtemp(tmpl);
+  }
+  fs::create_directories(logs);
+  auto self = self_path();
+  const char* old_path = std::getenv("PATH");
+  auto path_env = fs::path(self).parent_path().string() + ":"
+                  + (fs::path(self).parent_path().parent_path() / "apps").string() + ":"
+                  + (old_path ? old_path : "/usr/bin:/bin");
+  auto config = fs::absolute(o.config).string();
+  std::vector<child> children;
+  auto launch = [&](const wire::node_spec& n) {
+    child c{n.name, logs + "/" + n.name + ".log", 0, false};
+    c.pid = start_node(self, config, n.name, c.log, path_env);
+    children.push_back(c);
+  };
+  http_client http;
+  std::vector<std::string> gateways;
+  for (const auto* c : topo.controls()) {
+    launch(*c);
+    gateways.push_back(fmt::format(
+      "http://{}:{}", c->http_host == "0.0.0.0" ? "127.0.0.1" : c->http_host, c->http_port));
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(o.ready_timeout_s);
+  auto interrupted = [&] {
+    timespec zero{0, 0};
+    return sigtimedwait(&signals, nullptr, &zero) > 0;
+  };
+  for (const auto& g : gateways)
+    while (get(http, g, "/healthz").status != 200) {
+      if (std::chrono::steady_clock::now() > deadline || interrupted()) {
+        fmt::print(stderr, "llmgw up: the gateway at {} did not come up; logs in {}\n", g, logs);
+        stop_all(children);
+        return 1;
+      }
+      std::this_thread::sleep_for(50ms);
+    }
+  std::size_t with_events = 0;
+  std::vector<demo_engine> engines;
+  for (const auto& n : topo.nodes) {
+    if (n.roles.agent && !n.roles.control)
+      launch(n);
+    for (const auto& e : n.engines) {
+      with_events += e.kv_events;
+      engines.push_back({e.replica, e.url});
+    }
+  }
+  fmt::print("llmgw up: {} node{} started, waiting for {} replica{} to send their KV state "
+             "(logs in {})\n",
+             children.size(), children.size() == 1 ? "" : "s", with_events,
+             with_events == 1 ? "" : "s", logs);
+  while (replicas_with_state(http, gateways[0]) < with_events) {
+    if (std::chrono::steady_clock::now() > deadline || interrupted()) {
+      fmt::print(stderr, "llmgw up: not every replica came up in {} s; logs in {}\n",
+                 o.ready_timeout_s, logs);
+      stop_all(children);
+      return 1;
+    }
+    std::this_thread::sleep_for(100ms);
+  }
+  fmt::print("llmgw up: cluster '{}' is up; the gateway is {}\n", topo.name, gateways[0]);
+  int code = 0;
+  if (o.demo) {
+    demo_options d;
+    d.gateway_url = gateways[0];
+    d.model = engines.empty() ? std::string{} : topo.find_engine(engines[0].replica)->model;
+    d.engines = engines;
+    auto s = run_demo(d);
+    code = s.failed == 0 ? 0 : 1;
+    if (o.exit_after_demo) {
+      stop_all(children);
+      return code;
+    }
+    fmt::print("\nllmgw up: still serving at {}; try\n  curl -s {}/v1/chat/completions "
+               "-H 'Content-Type: application/json' -d '{{\"model\": \"{}\", \"messages\": "
+               "[{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'\nCtrl-C stops the cluster.\n",
+               gateways[0], gateways[0], d.model);
+  }
+  bool tty = ::isatty(1);
+  auto last = std::chrono::steady_clock::now() - 1h;
+  for (;;) {
+    timespec tick{0, 250000000};
+    int sig = sigtimedwait(&signals, nullptr, &tick);
+    if (sig > 0) {
+      fmt::print("\nllmgw up: {}: stopping every node\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+      break;
+    }
+    for (auto& c : children)
+      if (!c.exited && ::waitpid(c.pid, nullptr, WNOHANG) == c.pid) {
+        c.exited = true;
+        fmt::print("\nllmgw up: node {} exited; its log: {}\n", c.node, c.log);
+      }
+    auto now = std::chrono::steady_clock::now();
+    if (now - last < (tty ? 1s : 30s))
+      continue;
+    last = now;
+    auto m = get(http, gateways[0], "/metrics").body;
+    std::size_t alive = 0;
+    for (const auto& c : children)
+      alive += !c.exited;
+    auto line = fmt::format(
+      "llmgw up: {}/{} nodes, {}/{} replicas with KV state, {} routed (kv {}, approx {}, load {})",
+      alive, children.size(), replicas_with_state(http, gateways[0]), with_events,
+      metric(m, "llmgw_prefix_decisions_total{tier=\"kv\"}")
+        + metric(m, "llmgw_prefix_decisions_total{tier=\"approx\"}")
+        + metric(m, "llmgw_prefix_decisions_total{tier=\"load\"}"),
+      metric(m, "llmgw_prefix_decisions_total{tier=\"kv\"}"),
+      metric(m, "llmgw_prefix_decisions_total{tier=\"approx\"}"),
+      metric(m, "llmgw_prefix_decisions_total{tier=\"load\"}"));
+    fmt::print(tty ? "\r{:<110}" : "{}\n", line);
+    std::fflush(stdout);
+  }
+  stop_all(children);
+  fmt::print("llmgw up: stopped\n");
+  return code;
+}
+
+} // namespace
+
+void add_up_command(CLI::App& app, int& exit_code) {
+  auto* cmd = app.add_subcommand("up", "run every node of a single-machine topology (a demo)");
+  auto o = std::make_shared<up_options>();
+  cmd->add_option("--config", o->config, "the topology (TOML)")->required();
+  cmd->add_flag("--demo", o->demo, "send the demo traffic once the cluster is up");
+  cmd->add_flag("--exit-after-demo", o->exit_after_demo, "stop after the demo (for tests)");
+  cmd->add_option("--logs", o->logs, "folder for node logs (default: a new one in /tmp)");
+  cmd->add_option("--ready-timeout", o->ready_timeout_s, "seconds to wait for the cluster")
+    ->capture_default_str();
+  cmd->callback([o, &exit_code] { exit_code = run_up(*o); });
+}
+
+} // namespace llmgw::apps
