@@ -1,0 +1,218 @@
+// `llmgw up` with the sample topology (deploy/local/cluster.toml, its ports
+// swapped for free ones): through the gateway, a repeated long prompt lands
+// on the replica that served it first, by tier 2, with cached tokens; a
+// streamed answer arrives in order; a killed engine's traffic goes
+// elsewhere; Ctrl-C leaves nothing running; the demo runs.
+#include "actors/http_client.hpp"
+#include "tests/integration/child_process.hpp"
+#include "tests/integration/test_cluster.hpp"
+
+#include <boost/json.hpp>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <csignal>
+#include <dirent.h>
+#include <fstream>
+#include <future>
+#include <sstream>
+#include <thread>
+
+using namespace std::chrono_literals;
+using namespace llmgw;
+namespace json = boost::json;
+
+namespace {
+
+std::string read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return buf.str();
+}
+
+void replace_all(std::string& s, const std::string& from, const std::string& to) {
+  for (auto at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+    s.replace(at, from.size(), to);
+}
+
+/// Pids of running processes whose command line contains `needle`.
+std::vector<pid_t> processes_with(const std::string& needle) {
+  std::vector<pid_t> out;
+  DIR* d = ::opendir("/proc");
+  while (auto* e = d ? ::readdir(d) : nullptr) {
+    if (!std::isdigit(static_cast<unsigned char>(e->d_name[0])))
+      continue;
+    auto cmd = read(std::string("/proc/") + e->d_name + "/cmdline");
+    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+    if (cmd.find(needle) != std::string::npos)
+      out.push_back(static_cast<pid_t>(std::stoi(e->d_name)));
+  }
+  if (d)
+    ::closedir(d);
+  return out;
+}
+
+/// The sample topology in a fresh folder, on free ports.
+struct local_cluster {
+  std::string dir;
+  std::string gateway;
+  std::vector<std::uint16_t> engine_ports;
+  std::unique_ptr<test::child_process> up;
+
+  local_cluster() {
+    char tmpl[] = "/tmp/llmgw-local-XXXXXX";
+    dir = ::mkdtemp(tmpl);
+    auto text = read(LLMGW_SOURCE_DIR "/deploy/local/cluster.toml");
+    auto http = test::free_port();
+    replace_all(text, "7100", std::to_string(test::free_port()));
+    replace_all(text, "127.0.0.1:8080", "127.0.0.1:" + std::to_string(http));
+    for (const char* p : {"8101", "8102", "8103", "8104"}) {
+      engine_ports.push_back(test::free_port());
+      replace_all(text, p, std::to_string(engine_ports.back()));
+    }
+    std::ofstream(dir + "/cluster.toml") << text;
+    gateway = "http://127.0.0.1:" + std::to_string(http);
+    up = std::make_unique<test::child_process>(std::vector<std::string>{
+      LLMGW_BINARY, "up", "--config", dir + "/cluster.toml", "--logs", dir + "/logs"});
+    for (;;) {
+      auto line = up->read_stdout_line(60s);
+      EXPECT_TRUE(line) << "llmgw up stopped before the cluster was up";
+      if (!line || line->find("is up; the gateway is " + gateway) != std::string::npos)
+        break;
+    }
+  }
+  ~local_cluster() {
+    if (up) {
+      up->signal(SIGINT); // Ctrl-C
+      EXPECT_EQ(up->wait(30s), std::optional<int>(0));
+    }
+    if (!::testing::Test::HasFailure())
+      std::system(("rm -rf " + dir).c_str());
+  }
+};
+
+struct answer {
+  int status = 0;
+  std::map<std::string, std::string> headers;
+  std::vector<std::string> pieces;
+  std::string body;
+};
+
+answer post(http_client& http, const std::string& base, const std::string& path,
+            const json::object& body) {
+  answer a;
+  std::promise<void> done;
+  std::mutex mtx;
+  http.call("POST", base, path, json::serialize(body), {{"Content-Type", "application/json"}}, 2s,
+            30s,
+            {[&](int s, std::vector<std::pair<std::string, std::string>> hs) {
+               std::lock_guard<std::mutex> g(mtx);
+               a.status = s;
+               for (auto& [k, v] : hs) { // names as sent: compare in lower case
+                 std::string lower = k;
+                 std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
+                 a.headers[lower] = v;
+               }
+             },
+             [&](std::string d) {
+               std::lock_guard<std::mutex> g(mtx);
+               a.pieces.push_back(d);
+               a.body += d;
+             },
+             [&](const std::string&) { done.set_value(); }});
+  done.get_future().wait();
+  std::lock_guard<std::mutex> g(mtx);
+  return a;
+}
+
+std::string long_prompt(const std::string& topic) {
+  std::string p = "System: you answer questions about " + topic + ". ";
+  while (p.size() < 4000)
+    p += "Here is a long document paragraph about " + topic + " that the user pastes. ";
+  return p;
+}
+
+} // namespace
+
+TEST(local_cluster, routes_exactly_streams_in_order_and_survives_a_killed_engine) {
+  local_cluster c;
+  http_client http;
+  // A long prompt, twice: the second time on the same replica, by tier 2,
+  // and the engine reports the prefix as cached.
+  json::object body{{"model", "llmgw-demo"}, {"prompt", long_prompt("tides")}, {"max_tokens", 4}};
+  auto first = post(http, c.gateway, "/v1/completions", body);
+  ASSERT_EQ(first.status, 200) << first.body;
+  auto replica = first.headers["x-llmgw-replica"];
+  ASSERT_FALSE(replica.empty());
+  std::this_thread::sleep_for(400ms); // the engine's events reach the router (100 ms flushes)
+  auto second = post(http, c.gateway, "/v1/completions", body);
+  ASSERT_EQ(second.status, 200) << second.body;
+  EXPECT_EQ(second.headers["x-llmgw-replica"], replica);
+  EXPECT_EQ(second.headers["x-llmgw-tier"], "kv");
+  auto usage = json::parse(second.body).at("usage");
+  EXPECT_GT(usage.at("prompt_tokens_details").at("cached_tokens").as_int64(), 900)
+    << "the ~1000-token prompt was served from the engine's cache";
+
+  // A streamed chat answer: every event in order, then [DONE].
+  json::object chat{{"model", "llmgw-demo"},
+                    {"stream", true},
+                    {"max_tokens", 6},
+                    {"messages", json::array{json::object{{"role", "user"}, {"content", "Hi"}}}}};
+  auto streamed = post(http, c.gateway, "/v1/chat/completions", chat);
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  EXPECT_EQ(streamed.headers["content-type"].rfind("text/event-stream", 0), 0u);
+  std::vector<std::string> events;
+  for (std::size_t at = 0; (at = streamed.body.find("data: ", at)) != std::string::npos;) {
+    auto end = streamed.body.find("\n\n", at);
+    events.push_back(streamed.body.substr(at + 6, end - at - 6));
+    at = end;
+  }
+  ASSERT_EQ(events.size(), 7u) << streamed.body;
+  EXPECT_EQ(events.back(), "[DONE]");
+  for (std::size_t i = 0; i + 1 < events.size(); ++i) {
+    auto e = json::parse(events[i]);
+    EXPECT_EQ(e.at("choices").at(0).at("finish_reason").is_null(), i + 2 < events.size())
+      << "only the last content event finishes";
+  }
+  EXPECT_GT(streamed.pieces.size(), 1u) << "relayed as it came, not in one piece";
+
+  // Kill the engine that holds the long prompt: its traffic goes elsewhere.
+  auto port = c.engine_ports.at(static_cast<std::size_t>(replica[0] == 'a' ? 0 : 2)
+                                + static_cast<std::size_t>(replica[1] - '0'));
+  auto pids = processes_with("--port " + std::to_string(port) + " ");
+  ASSERT_EQ(pids.size(), 1u) << "one llmgw-sim listens on " << port;
+  ::kill(pids[0], SIGKILL);
+  auto after = post(http, c.gateway, "/v1/completions", body);
+  EXPECT_EQ(after.status, 200) << after.body;
+  EXPECT_NE(after.headers["x-llmgw-replica"], replica);
+}
+
+TEST(local_cluster, ctrl_c_leaves_nothing_running_and_the_demo_runs) {
+  std::string marker;
+  {
+    local_cluster c;
+    marker = c.dir;
+    EXPECT_EQ(processes_with(c.dir + "/cluster.toml").size(), 4u) << "llmgw up and three nodes";
+    EXPECT_EQ(
+      processes_with("llmgw-sim serve llmgw-demo --port " + std::to_string(c.engine_ports[0]))
+        .size(),
+      1u);
+  }
+  EXPECT_TRUE(processes_with(marker).empty()) << "no node left";
+
+  local_cluster demo_cluster_for_ports; // the demo runs against its own cluster below
+  auto config = demo_cluster_for_ports.dir + "/cluster.toml";
+  demo_cluster_for_ports.up->signal(SIGINT);
+  EXPECT_EQ(demo_cluster_for_ports.up->wait(30s), std::optional<int>(0));
+  demo_cluster_for_ports.up.reset();
+  test::child_process demo({LLMGW_BINARY, "up", "--config", config, "--demo", "--exit-after-demo",
+                            "--logs", demo_cluster_for_ports.dir + "/demo-logs"});
+  auto out = demo.read_stdout_all(120s);
+  EXPECT_EQ(demo.wait(30s), std::optional<int>(0)) << out;
+  EXPECT_NE(out.find("through llmgw:"), std::string::npos) << out;
+  EXPECT_NE(out.find("round-robin straight to the engines"), std::string::npos);
+  EXPECT_NE(out.find("llmgw served"), std::string::npos);
+  for (auto port : demo_cluster_for_ports.engine_ports)
+    EXPECT_TRUE(processes_with("--port " + std::to_string(port) + " ").empty());
+}
