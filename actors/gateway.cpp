@@ -1,6 +1,7 @@
 #include "actors/gateway.hpp"
 
 #include "actors/http_client.hpp"
+#include "actors/io_loop.hpp"
 #include "actors/proxy.hpp"
 #include "wire/block_hash.hpp"
 #include "wire/log.hpp"
@@ -9,6 +10,7 @@
 #include <boost/json.hpp>
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
+#include <caf/send.hpp>
 
 #include <set>
 
@@ -49,12 +51,11 @@ bool is_lora(const wire::topology& topo, const std::string& model) {
   return false;
 }
 
-/// Hashes what the router needs and asks it.
-void decide(caf::event_based_actor* self, const gateway_peers& peers,
-            const std::shared_ptr<const wire::topology>& topo, const wire::routing_request& req,
-            bool dry_run, const std::vector<std::uint32_t>* tokens, double tokenize_seconds,
-            const std::function<void(wire::route_decision)>& done,
-            const std::vector<std::string>& exclude) {
+/// The router's query for a request: block keys hashed here (on the
+/// caller's thread, not the router's), tier-1 chunk hashes, timings.
+wire::route_query make_query(const wire::topology& topo, const wire::routing_request& req,
+                             bool dry_run, const std::vector<std::uint32_t>* tokens,
+                             double tokenize_seconds, const std::vector<std::string>& exclude) {
   wire::route_query q;
   q.model = req.model;
   q.dry_run = dry_run;
@@ -64,17 +65,27 @@ void decide(caf::event_based_actor* self, const gateway_peers& peers,
   if (tokens) {
     q.tokenized = true;
     wire::extra_key_recipe extras;
-    if (is_lora(*topo, req.model))
+    if (is_lora(topo, req.model))
       extras.lora_name = req.model;
     extras.cache_salt = req.cache_salt;
     thread_local std::vector<wire::hashed_block> blocks;
-    hasher_for(*topo).hash_into(*tokens, extras, blocks);
+    hasher_for(topo).hash_into(*tokens, extras, blocks);
     q.keys.reserve(blocks.size());
     for (const auto& b : blocks)
       q.keys.push_back(b.key);
   }
-  q.chunks = wire::chunk_hashes(req.text, topo->router.tier1_chunk_bytes);
+  q.chunks = wire::chunk_hashes(req.text, topo.router.tier1_chunk_bytes);
   q.hash_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return q;
+}
+
+/// Asks the router from within an actor, with a deadline.
+void decide(caf::event_based_actor* self, const gateway_peers& peers,
+            const std::shared_ptr<const wire::topology>& topo, const wire::routing_request& req,
+            bool dry_run, const std::vector<std::uint32_t>* tokens, double tokenize_seconds,
+            const std::function<void(wire::route_decision)>& done,
+            const std::vector<std::string>& exclude) {
+  auto q = make_query(*topo, req, dry_run, tokens, tokenize_seconds, exclude);
   self->request(peers.router, std::chrono::seconds(5), route_atom::value, std::move(q))
     .then([done](wire::route_decision& d) { done(std::move(d)); },
           [done](const caf::error& err) {
@@ -90,12 +101,17 @@ void route_flow(caf::actor_system& sys, const gateway_peers& peers,
                 const std::shared_ptr<const wire::topology>& topo, wire::routing_request req,
                 bool dry_run, std::function<void(wire::route_decision)> done,
                 std::vector<std::string> exclude) {
+  if (req.token_ids) {
+    // Nothing to tokenize: hash here and let the router call back, without
+    // an actor in between (a spawn and a hop per request).
+    auto q = make_query(*topo, req, dry_run, &*req.token_ids, -1, exclude);
+    auto cb = std::make_shared<std::function<void(const wire::route_decision&)>>(
+      [done = std::move(done)](const wire::route_decision& d) { done(d); });
+    caf::anon_send(peers.router, route_atom::value, std::move(q), std::move(cb));
+    return;
+  }
   sys.spawn([peers, topo, req = std::move(req), dry_run, done = std::move(done),
              exclude = std::move(exclude)](caf::event_based_actor* self) {
-    if (req.token_ids) {
-      decide(self, peers, topo, req, dry_run, &*req.token_ids, -1, done, exclude);
-      return;
-    }
     auto timeout = topo->router.tokenize_timeout + std::chrono::milliseconds(200);
     self->request(peers.tokenizer, timeout, tokenize_atom::value, req.model, req.tokenize_body)
       .then(
@@ -140,14 +156,19 @@ gateway::gateway(caf::actor_system& sys, std::shared_ptr<const wire::topology> t
   models_json_ = json::serialize(models);
   const auto& g = topo_->gateway;
   stats_ = std::make_shared<proxy_stats>();
-  upstream_ = std::make_shared<http_client>(g.threads);
+  // One thread: the server and the upstream client share it, so a request,
+  // its upstream call and the answer's relay never cross threads. More
+  // threads: the server gets them, the client keeps its own.
+  std::shared_ptr<io_loop> loop = std::make_shared<io_loop>(std::max<std::size_t>(g.threads, 1));
+  upstream_ =
+    g.threads <= 1 ? std::make_shared<http_client>(loop) : std::make_shared<http_client>();
   http_server_limits limits;
   limits.max_body_bytes = g.max_body_bytes;
   limits.max_header_bytes = g.max_header_bytes;
   limits.read_timeout = g.read_timeout;
   limits.idle_timeout = g.idle_timeout;
   limits.max_connections = g.max_connections;
-  server_ = std::make_unique<http_server>(host, port, g.threads, limits,
+  server_ = std::make_unique<http_server>(host, port, loop, limits,
                                           [this](http_request&& req, http_responder respond) {
                                             handle(std::move(req), std::move(respond));
                                           });

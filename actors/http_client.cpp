@@ -1,5 +1,7 @@
 #include "actors/http_client.hpp"
 
+#include "actors/io_loop_impl.hpp"
+
 #include <boost/asio/connect.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
@@ -8,6 +10,10 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <map>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -109,55 +115,99 @@ private:
   http::response_parser<http::string_body> parser_;
 };
 
-/// A streamed call: head first, then the body as it arrives.
+/// Idle keep-alive connections to upstreams, by "host:port": a proxied
+/// request need not pay a TCP connect.
+struct connection_pool {
+  static constexpr std::size_t max_idle_per_host = 64;
+  std::mutex mtx;
+  std::map<std::string, std::vector<std::unique_ptr<beast::tcp_stream>>> idle;
+
+  std::unique_ptr<beast::tcp_stream> take(const std::string& key) {
+    std::lock_guard<std::mutex> g(mtx);
+    auto it = idle.find(key);
+    if (it == idle.end() || it->second.empty())
+      return nullptr;
+    auto s = std::move(it->second.back());
+    it->second.pop_back();
+    return s;
+  }
+
+  void give(const std::string& key, std::unique_ptr<beast::tcp_stream> s) {
+    std::lock_guard<std::mutex> g(mtx);
+    auto& list = idle[key];
+    if (list.size() < max_idle_per_host)
+      list.push_back(std::move(s));
+  }
+};
+
+/// A streamed call: head first, then the body as it arrives. It uses an idle
+/// pooled connection when there is one (trying a fresh one if that turns
+/// out closed before any response byte) and gives its connection back when
+/// the response ended cleanly.
 class streaming_call : public http_call, public std::enable_shared_from_this<streaming_call> {
 public:
-  streaming_call(asio::io_context& io, http::verb method, std::string host, std::string port,
-                 const std::string& target, std::string body,
+  streaming_call(asio::io_context& io, std::shared_ptr<connection_pool> pool, http::verb method,
+                 std::string host, std::string port, const std::string& target, std::string body,
                  std::vector<std::pair<std::string, std::string>> headers,
                  std::chrono::milliseconds connect_timeout, std::chrono::milliseconds timeout,
                  http_call_handlers handlers)
-    : resolver_(asio::make_strand(io)), stream_(resolver_.get_executor()), host_(std::move(host)),
-      port_(std::move(port)), connect_timeout_(connect_timeout),
+    : io_(io), pool_(std::move(pool)), resolver_(asio::make_strand(io)), host_(std::move(host)),
+      port_(std::move(port)), key_(host_ + ":" + port_), connect_timeout_(connect_timeout),
       deadline_(std::chrono::steady_clock::now() + timeout), handlers_(std::move(handlers)) {
     req_.method(method);
     req_.target(target);
     req_.version(11);
-    req_.set(http::field::host, host_ + ":" + port_);
+    req_.set(http::field::host, key_);
     req_.set(http::field::user_agent, "llmgw");
     for (auto& [k, v] : headers)
       req_.set(k, v);
     req_.body() = std::move(body);
-    req_.keep_alive(false);
+    req_.keep_alive(true);
     req_.prepare_payload();
   }
 
   void start() {
+    stream_ = pool_->take(key_);
+    if (stream_) {
+      reused_ = true;
+      auto self = shared_from_this();
+      asio::post(stream_->get_executor(), [self] { self->write(); });
+      return;
+    }
+    connect();
+  }
+
+  void cancel() override {
     auto self = shared_from_this();
-    stream_.expires_after(connect_timeout_);
+    asio::post(resolver_.get_executor(), [self] {
+      self->cancelled_ = true;
+      if (!self->stream_)
+        return;
+      beast::error_code ignored;
+      self->stream_->socket().shutdown(tcp::socket::shutdown_both, ignored);
+      self->stream_->socket().close(ignored);
+    });
+  }
+
+private:
+  void connect() {
+    reused_ = false;
+    stream_ = std::make_unique<beast::tcp_stream>(asio::make_strand(io_));
+    auto self = shared_from_this();
+    stream_->expires_after(connect_timeout_);
     resolver_.async_resolve(
       host_, port_, [self](beast::error_code ec, const tcp::resolver::results_type& rs) {
         if (ec)
           return self->finish("resolve: " + ec.message());
-        self->stream_.async_connect(rs, [self](beast::error_code ec2, const tcp::endpoint&) {
+        self->stream_->async_connect(rs, [self](beast::error_code ec2, const tcp::endpoint&) {
           if (ec2)
             return self->finish(self->describe("connect", ec2));
+          self->stream_->socket().set_option(tcp::no_delay(true));
           self->write();
         });
       });
   }
 
-  void cancel() override {
-    auto self = shared_from_this();
-    asio::post(stream_.get_executor(), [self] {
-      self->cancelled_ = true;
-      beast::error_code ignored;
-      self->stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
-      self->stream_.socket().close(ignored);
-    });
-  }
-
-private:
   std::string describe(const char* what, const beast::error_code& ec) const {
     if (cancelled_)
       return "cancelled";
@@ -166,24 +216,42 @@ private:
     return std::string(what) + ": " + ec.message();
   }
 
+  /// A pooled connection the upstream closed meanwhile fails at once: that
+  /// is no failure of the request, so a fresh connection gets it.
+  bool retry_fresh(const beast::error_code& ec) {
+    if (!reused_ || got_head_ || cancelled_ || ec == beast::error::timeout)
+      return false;
+    connect();
+    return true;
+  }
+
   void write() {
     auto self = shared_from_this();
-    stream_.expires_at(deadline_);
-    http::async_write(stream_, req_, [self](beast::error_code ec, std::size_t) {
-      if (ec)
+    stream_->expires_at(deadline_);
+    http::async_write(*stream_, req_, [self](beast::error_code ec, std::size_t) {
+      if (ec) {
+        if (self->retry_fresh(ec))
+          return;
         return self->finish(self->describe("write", ec));
-      self->parser_.body_limit(boost::none); // streamed through, not held
-      http::async_read_header(self->stream_, self->buffer_, self->parser_,
+      }
+      self->parser_.emplace();
+      self->parser_->body_limit(boost::none); // streamed through, not held
+      self->buffer_.clear();
+      http::async_read_header(*self->stream_, self->buffer_, *self->parser_,
                               [self](beast::error_code ec2, std::size_t) {
-                                if (ec2)
+                                if (ec2) {
+                                  if (self->retry_fresh(ec2))
+                                    return;
                                   return self->finish(self->describe("read", ec2));
+                                }
                                 self->on_head();
                               });
     });
   }
 
   void on_head() {
-    const auto& res = parser_.get();
+    got_head_ = true;
+    const auto& res = parser_->get();
     std::vector<std::pair<std::string, std::string>> headers;
     for (const auto& f : res)
       headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
@@ -193,13 +261,13 @@ private:
   }
 
   void read_body() {
-    if (parser_.is_done())
+    if (parser_->is_done())
       return finish("");
-    parser_.get().body().data = chunk_;
-    parser_.get().body().size = sizeof chunk_;
+    parser_->get().body().data = chunk_;
+    parser_->get().body().size = sizeof chunk_;
     auto self = shared_from_this();
-    http::async_read_some(stream_, buffer_, parser_, [self](beast::error_code ec, std::size_t) {
-      auto got = sizeof self->chunk_ - self->parser_.get().body().size;
+    http::async_read_some(*stream_, buffer_, *parser_, [self](beast::error_code ec, std::size_t) {
+      auto got = sizeof self->chunk_ - self->parser_->get().body().size;
       if (got > 0 && self->handlers_.on_data)
         self->handlers_.on_data(std::string(self->chunk_, got));
       if (ec == http::error::need_buffer)
@@ -214,23 +282,35 @@ private:
     if (done_)
       return;
     done_ = true;
-    beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    bool reusable = error.empty() && parser_ && parser_->is_done() && parser_->keep_alive()
+                    && buffer_.size() == 0 && !cancelled_;
+    if (reusable) {
+      stream_->expires_never();
+      pool_->give(key_, std::move(stream_));
+    } else if (stream_) {
+      beast::error_code ignored;
+      stream_->socket().shutdown(tcp::socket::shutdown_both, ignored);
+    }
     if (handlers_.on_done)
       handlers_.on_done(error);
   }
 
+  asio::io_context& io_;
+  std::shared_ptr<connection_pool> pool_;
   tcp::resolver resolver_;
-  beast::tcp_stream stream_;
+  std::unique_ptr<beast::tcp_stream> stream_;
   std::string host_;
   std::string port_;
+  std::string key_;
   std::chrono::milliseconds connect_timeout_;
   std::chrono::steady_clock::time_point deadline_;
   http_call_handlers handlers_;
   http::request<http::string_body> req_;
   beast::flat_buffer buffer_;
-  http::response_parser<http::buffer_body> parser_;
+  std::optional<http::response_parser<http::buffer_body>> parser_;
   char chunk_[16384];
+  bool reused_ = false;
+  bool got_head_ = false;
   bool cancelled_ = false;
   bool done_ = false;
 };
@@ -238,21 +318,24 @@ private:
 } // namespace
 
 struct http_client::impl {
-  asio::io_context io;
-  asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
-  std::vector<std::thread> threads;
+  std::shared_ptr<connection_pool> pool = std::make_shared<connection_pool>();
+  std::shared_ptr<io_loop> loop;
+  asio::io_context& io() { return loop->get().io; }
 };
 
-http_client::http_client(std::size_t threads) : impl_(std::make_unique<impl>()) {
-  for (std::size_t i = 0; i < std::max<std::size_t>(threads, 1); ++i)
-    impl_->threads.emplace_back([io = &impl_->io] { io->run(); });
+http_client::http_client() : http_client(std::make_shared<io_loop>(1)) {}
+
+http_client::http_client(std::shared_ptr<io_loop> loop) : impl_(std::make_unique<impl>()) {
+  if (loop->threads() != 1)
+    throw std::invalid_argument("http_client needs a loop with one thread");
+  impl_->loop = std::move(loop);
 }
 
 http_client::~http_client() {
-  impl_->work.reset();
-  impl_->io.stop();
-  for (auto& t : impl_->threads)
-    t.join();
+  impl_->loop->stop();
+  // Idle connections close while the io_context they belong to still exists.
+  std::lock_guard<std::mutex> g(impl_->pool->mtx);
+  impl_->pool->idle.clear();
 }
 
 void http_client::request(const std::string& method, const std::string& base_url,
@@ -269,7 +352,7 @@ void http_client::request(const std::string& method, const std::string& base_url
     done(http_response{0, {}, "not an HTTP method: " + method});
     return;
   }
-  std::make_shared<exchange>(impl_->io, verb, std::move(host), std::move(port), target,
+  std::make_shared<exchange>(impl_->io(), verb, std::move(host), std::move(port), target,
                              std::move(body), timeout, std::move(done))
     ->start();
 }
@@ -286,9 +369,9 @@ http_client::call(const std::string& method, const std::string& base_url, const 
       handlers.on_done("not an http://HOST:PORT URL or HTTP method: " + base_url + " " + method);
     return nullptr;
   }
-  auto c = std::make_shared<streaming_call>(impl_->io, verb, std::move(host), std::move(port),
-                                            target, std::move(body), std::move(headers),
-                                            connect_timeout, timeout, std::move(handlers));
+  auto c = std::make_shared<streaming_call>(
+    impl_->io(), impl_->pool, verb, std::move(host), std::move(port), target, std::move(body),
+    std::move(headers), connect_timeout, timeout, std::move(handlers));
   c->start();
   return c;
 }

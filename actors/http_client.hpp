@@ -14,6 +14,8 @@
 
 namespace llmgw {
 
+class io_loop;
+
 /// An HTTP answer, or why there is none (status 0).
 struct http_response {
   int status = 0;
@@ -41,9 +43,15 @@ public:
 /// "http://HOST:PORT" split; false if `url` is not of that form.
 bool split_http_url(const std::string& url, std::string& host, std::string& port);
 
+/// One io thread runs every call: handlers, cancels and the pool of idle
+/// connections never race (a client shuttles bytes; one thread keeps up).
 class http_client {
 public:
-  explicit http_client(std::size_t threads = 1);
+  http_client();
+
+  /// On a loop shared with others (a gateway's HTTP server); the loop must
+  /// have exactly one thread.
+  explicit http_client(std::shared_ptr<io_loop> loop);
   ~http_client();
   http_client(const http_client&) = delete;
   http_client& operator=(const http_client&) = delete;

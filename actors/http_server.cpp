@@ -1,5 +1,7 @@
 #include "actors/http_server.hpp"
 
+#include "actors/io_loop_impl.hpp"
+
 #include "wire/log.hpp"
 #include "wire/openai_request.hpp"
 
@@ -92,12 +94,11 @@ struct http_server::impl {
   std::shared_ptr<shared_state> shared = std::make_shared<shared_state>();
   std::uint16_t port = 0;
   std::string error;
-  asio::io_context io;
-  asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
-  tcp::acceptor acceptor{io};
-  std::vector<std::thread> threads;
+  std::shared_ptr<io_loop> loop;
+  std::unique_ptr<tcp::acceptor> acceptor;
   std::atomic<bool> stopped{false};
 
+  asio::io_context& io() { return loop->get().io; }
   void accept();
 };
 
@@ -350,6 +351,11 @@ private:
   /// The answer is out: serve the next request, or close.
   void answer_done(bool ok) {
     answer_complete_ = true;
+    if (exchange_) { // nobody needs to hear of a disconnect now (and the
+                     // callbacks may hold what holds the responder)
+      std::lock_guard<std::mutex> g(exchange_->mtx);
+      exchange_->on_gone.clear();
+    }
     stream_sr_.reset();
     stream_res_.reset();
     release();
@@ -473,7 +479,7 @@ bool http_stream::client_gone() const {
 }
 
 void http_server::impl::accept() {
-  acceptor.async_accept(asio::make_strand(io), [this](beast::error_code ec, tcp::socket socket) {
+  acceptor->async_accept(asio::make_strand(io()), [this](beast::error_code ec, tcp::socket socket) {
     if (stopped)
       return;
     if (!ec) {
@@ -491,7 +497,13 @@ void http_server::impl::accept() {
 
 http_server::http_server(const std::string& host, std::uint16_t port, std::size_t threads,
                          http_server_limits limits, http_handler handler)
+  : http_server(host, port, std::make_shared<io_loop>(threads), limits, std::move(handler)) {}
+
+http_server::http_server(const std::string& host, std::uint16_t port, std::shared_ptr<io_loop> loop,
+                         http_server_limits limits, http_handler handler)
   : impl_(std::make_shared<impl>()) {
+  impl_->loop = std::move(loop);
+  impl_->acceptor = std::make_unique<tcp::acceptor>(impl_->io());
   impl_->shared->limits = limits;
   impl_->shared->handler = std::move(handler);
   beast::error_code ec;
@@ -501,21 +513,19 @@ http_server::http_server(const std::string& host, std::uint16_t port, std::size_
     return;
   }
   tcp::endpoint ep(address, port);
-  impl_->acceptor.open(ep.protocol(), ec);
+  impl_->acceptor->open(ep.protocol(), ec);
   if (!ec)
-    impl_->acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+    impl_->acceptor->set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec)
-    impl_->acceptor.bind(ep, ec);
+    impl_->acceptor->bind(ep, ec);
   if (!ec)
-    impl_->acceptor.listen(asio::socket_base::max_listen_connections, ec);
+    impl_->acceptor->listen(asio::socket_base::max_listen_connections, ec);
   if (ec) {
     impl_->error = "cannot listen on " + host + ":" + std::to_string(port) + ": " + ec.message();
     return;
   }
-  impl_->port = impl_->acceptor.local_endpoint().port();
+  impl_->port = impl_->acceptor->local_endpoint().port();
   impl_->accept();
-  for (std::size_t i = 0; i < std::max<std::size_t>(threads, 1); ++i)
-    impl_->threads.emplace_back([io = &impl_->io] { io->run(); });
 }
 
 http_server::~http_server() {
@@ -536,14 +546,11 @@ void http_server::stop() {
     impl_->shared->alive = false;
     waiting.swap(impl_->shared->waiting);
   }
-  impl_->work.reset();
-  impl_->io.stop();
-  for (auto& t : impl_->threads)
-    t.join();
+  impl_->loop->stop(); // a shared loop stops for its other users too
   // No thread runs the io_context now: close the listening socket here, so
   // new connections are refused rather than accepted and never served.
   beast::error_code ignored;
-  impl_->acceptor.close(ignored);
+  impl_->acceptor->close(ignored);
   waiting.clear(); // sessions close their sockets while the io_context exists
 }
 

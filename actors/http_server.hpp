@@ -25,6 +25,8 @@
 
 namespace llmgw {
 
+class io_loop;
+
 /// A request as handlers see it.
 struct http_request {
   std::string method; ///< "GET", "POST", ...
@@ -119,6 +121,11 @@ public:
   /// Binds host:port (0: any port) and starts `threads` threads. On failure
   /// the server does not run and error() says why.
   http_server(const std::string& host, std::uint16_t port, std::size_t threads,
+              http_server_limits limits, http_handler handler);
+
+  /// The same on a loop shared with others (a gateway's upstream client);
+  /// stop() stops that loop.
+  http_server(const std::string& host, std::uint16_t port, std::shared_ptr<io_loop> loop,
               http_server_limits limits, http_handler handler);
   ~http_server();
   http_server(const http_server&) = delete;

@@ -90,6 +90,8 @@ using router_actor = caf::typed_actor<
   caf::reacts_to<drop_atom, std::string, std::uint8_t>,
   // Decide where a request goes.
   caf::replies_to<route_atom, wire::route_query>::with<wire::route_decision>,
+  // The same, answered by calling the callback (from HTTP threads).
+  caf::reacts_to<route_atom, wire::route_query, route_callback>,
   // A request on this replica finished.
   caf::reacts_to<done_atom, std::string>,
   // The replica failed a request: avoid it for this many milliseconds.

@@ -51,8 +51,11 @@ public:
       routing_(std::move(routing)), started_(std::chrono::steady_clock::now()) {}
 
   void start() {
-    auto self = shared_from_this();
-    respond_.on_disconnect([self] { self->client_left(); });
+    std::weak_ptr<proxied> weak = shared_from_this(); // the responder must not own us
+    respond_.on_disconnect([weak] {
+      if (auto self = weak.lock())
+        self->client_left();
+    });
     route();
   }
 

@@ -38,6 +38,28 @@ void apply_update(router_state& st, const replica_update& u,
   }
 }
 
+/// Decides, answers through `answer`, then does what need not delay the
+/// answer (remembering the prompt for tier 1) and counts.
+template <class Answer>
+void decide(router_state& st, const wire::route_query& q, Answer answer) {
+  auto start = std::chrono::steady_clock::now();
+  auto d = st.core->decide(q, start);
+  std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+  answer(d);
+  if (q.dry_run)
+    return;
+  st.core->remember(d, q.chunks, start);
+  st.stats.decision_seconds.observe(q.hash_seconds + took.count());
+  if (q.tokenize_seconds >= 0)
+    st.stats.tokenize_seconds.observe(q.tokenize_seconds);
+  if (q.tokenize_seconds >= 0 && !q.tokenized)
+    ++st.stats.tokenize_failures;
+  if (d.tier == wire::route_tier::kv)
+    st.stats.matched_share_kv.observe(d.score);
+  else if (d.tier == wire::route_tier::approx)
+    st.stats.matched_share_approx.observe(d.score);
+}
+
 router_actor::behavior_type router(router_actor::stateful_pointer<router_state> self,
                                    const wire::topology& topo) {
   self->state.core = std::make_unique<wire::router_core>(topo);
@@ -56,27 +78,12 @@ router_actor::behavior_type router(router_actor::stateful_pointer<router_state> 
         ++st.stats.drops[{replica, static_cast<wire::drop_reason>(reason & 1)}];
     },
     [self](route_atom, const wire::route_query& q) -> caf::result<wire::route_decision> {
-      auto& st = self->state;
-      auto start = std::chrono::steady_clock::now();
-      auto d = st.core->decide(q, start);
-      std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-      // Answer first; remembering the prompt for tier 1 need not delay it.
       auto rp = self->make_response_promise<wire::route_decision>();
-      rp.deliver(d);
-      if (!q.dry_run)
-        st.core->remember(d, q.chunks, start);
-      if (!q.dry_run) {
-        st.stats.decision_seconds.observe(q.hash_seconds + took.count());
-        if (q.tokenize_seconds >= 0)
-          st.stats.tokenize_seconds.observe(q.tokenize_seconds);
-        if (q.tokenize_seconds >= 0 && !q.tokenized)
-          ++st.stats.tokenize_failures;
-        if (d.tier == wire::route_tier::kv)
-          st.stats.matched_share_kv.observe(d.score);
-        else if (d.tier == wire::route_tier::approx)
-          st.stats.matched_share_approx.observe(d.score);
-      }
+      decide(self->state, q, [&rp](const wire::route_decision& d) { rp.deliver(d); });
       return rp;
+    },
+    [self](route_atom, const wire::route_query& q, const route_callback& cb) {
+      decide(self->state, q, [&cb](const wire::route_decision& d) { (*cb)(d); });
     },
     [self](done_atom, const std::string& replica) { self->state.core->finished(replica); },
     [self](mark_down_atom, const std::string& replica, std::uint32_t ms) {

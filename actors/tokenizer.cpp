@@ -65,7 +65,7 @@ tokenizer_actor::behavior_type tokenizer(tokenizer_actor::stateful_pointer<token
       st.replicas.push_back({e.replica, e.model, e.lora, e.url, {}});
   st.timeout = topo.router.tokenize_timeout;
   st.cache_capacity = topo.router.tokenize_cache_entries;
-  st.http = std::make_unique<http_client>(1);
+  st.http = std::make_unique<http_client>();
   return {
     [self](tokenize_atom, const std::string& model,
            const std::string& body) -> caf::result<tokenize_reply> {

@@ -51,6 +51,9 @@ int run_agent_bench(int rounds);
 /// `llmgw-bench router`: decision latency, index updates, index memory.
 int run_router_bench(int rounds);
 
+/// `llmgw-bench gateway`: the gateway's overhead beside the upstream and nginx.
+int run_gateway_bench(int rounds, double rate);
+
 /// `llmgw-bench agent-actors`: the same through the subscriber and mirror actors.
 int run_agent_actors_bench(int rounds);
 

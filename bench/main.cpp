@@ -40,6 +40,14 @@ int main(int argc, char** argv) {
     ->check(CLI::Range(3, 1000))
     ->capture_default_str();
   router->callback([&] { exit_code = llmgw::bench::run_router_bench(rounds); });
+  double rate = 1000;
+  auto* gw =
+    app.add_subcommand("gateway", "the gateway's added latency beside the upstream and nginx");
+  gw->add_option("--rounds", rounds, "interleaved rounds (median reported)")
+    ->check(CLI::Range(1, 1000))
+    ->capture_default_str();
+  gw->add_option("--rate", rate, "open-loop requests per second")->capture_default_str();
+  gw->callback([&] { exit_code = llmgw::bench::run_gateway_bench(rounds, rate); });
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

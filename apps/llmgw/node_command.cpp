@@ -53,6 +53,11 @@ struct node_config : caf::actor_system_config {
     set("middleman.heartbeat-interval", caf::timespan{topo.heartbeat});
     set("middleman.connection-timeout", caf::timespan{topo.connection_timeout});
     set("scheduler.max-threads", threads);
+    // CAF 0.17's idle workers nap 50 us at a time for up to 500 polls, and
+    // nothing wakes them early: every message from the HTTP threads to the
+    // router waited for the nap to end. Go from spinning straight to the
+    // wait an enqueue notifies (measured: -85 us on the gateway's p50).
+    set("work-stealing.moderate-poll-attempts", std::size_t{1});
     set("logger.verbosity", caf::atom("quiet"));
   }
 };

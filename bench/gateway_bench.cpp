@@ -1,0 +1,333 @@
+// The gateway's own overhead: the same requests against an upstream
+// directly, through llmgw's gateway, and through Debian's nginx proxying the
+// same upstream, interleaved round by round in one run.
+//
+// The upstream answers /v1/completions at once with a fixed body, so what is
+// measured is the proxies. The gateway runs in this process with its real
+// router, control and tokenizer actors; requests carry token-id prompts (512
+// tokens: the router hashes 32 blocks and walks its index) or text prompts
+// (tokenized through the upstream's /tokenize, then cached). nginx runs as
+// its own process (keep-alive to the upstream, no buffering).
+//
+// Open loop: `rate` requests/s spread over 8 keep-alive connections, each
+// request's latency counted from when it was due (so a stall is not hidden
+// by the requests it delays). Then closed loop: 8 connections as fast as
+// they go, for requests/s.
+#include "actors/control.hpp"
+#include "actors/gateway.hpp"
+#include "actors/http_server.hpp"
+#include "actors/router.hpp"
+#include "actors/tokenizer.hpp"
+#include "bench/bench.hpp"
+#include "messages/registration.hpp"
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/json.hpp>
+#include <caf/all.hpp>
+#include <fmt/format.h>
+
+#include <csignal>
+#include <fstream>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+namespace llmgw::bench {
+
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+using namespace std::chrono_literals;
+
+struct bench_sys_config : caf::actor_system_config {
+  bench_sys_config() {
+    register_message_types(*this);
+    set("scheduler.max-threads", 2);
+    set("logger.verbosity", caf::atom("quiet"));
+    // As llmgw node sets it (apps/llmgw/node_command.cpp).
+    set("work-stealing.moderate-poll-attempts", std::size_t{1});
+  }
+};
+
+std::uint16_t pick_port() {
+  asio::io_context io;
+  tcp::acceptor a(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  return a.local_endpoint().port();
+}
+
+/// One keep-alive connection sending requests synchronously.
+class connection {
+public:
+  connection(std::uint16_t port, std::string body)
+    : socket_(io_), port_(port), body_(std::move(body)) {
+    open();
+    req_.method(http::verb::post);
+    req_.target("/v1/completions");
+    req_.version(11);
+    req_.set(http::field::host, "127.0.0.1");
+    req_.set(http::field::content_type, "application/json");
+    req_.keep_alive(true);
+    req_.body() = body_;
+    req_.prepare_payload();
+  }
+  /// Sends one request; false if it failed or did not answer 200. A
+  /// connection the server closed (nginx does after 1000 requests) is opened
+  /// again, as clients do.
+  bool send() {
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      beast::error_code ec;
+      http::write(socket_, req_, ec);
+      http::response<http::string_body> res;
+      if (!ec)
+        http::read(socket_, buffer_, res, ec);
+      if (!ec)
+        return res.result_int() == 200;
+      open();
+    }
+    return false;
+  }
+
+private:
+  void open() {
+    beast::error_code ignored;
+    socket_.close(ignored);
+    buffer_.clear();
+    socket_.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port_));
+    socket_.set_option(tcp::no_delay(true));
+  }
+
+  asio::io_context io_;
+  tcp::socket socket_;
+  std::uint16_t port_;
+  std::string body_;
+  http::request<http::string_body> req_;
+  beast::flat_buffer buffer_;
+};
+
+struct load_result {
+  std::vector<double> latencies; ///< seconds, from when each request was due
+  std::size_t failed = 0;
+  double seconds = 0;
+};
+
+/// `rate` requests/s (0: as fast as they go) over `connections` connections.
+load_result run_load(std::uint16_t port, const std::string& body, double rate,
+                     std::size_t connections, std::chrono::milliseconds duration) {
+  load_result out;
+  std::mutex mtx;
+  std::vector<std::thread> threads;
+  auto start = std::chrono::steady_clock::now() + 50ms;
+  auto end = start + duration;
+  for (std::size_t c = 0; c < connections; ++c)
+    threads.emplace_back([&, c] {
+      connection conn(port, body);
+      conn.send(); // warm: connect, first-time paths
+      std::vector<double> mine;
+      std::size_t failed = 0;
+      auto interval = rate > 0 ? std::chrono::duration<double>(connections / rate)
+                               : std::chrono::duration<double>(0);
+      auto due = start
+                 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                   interval * (static_cast<double>(c) / connections));
+      while (due < end) {
+        if (rate > 0)
+          std::this_thread::sleep_until(due);
+        auto from = rate > 0 ? due : std::chrono::steady_clock::now();
+        if (!conn.send())
+          ++failed;
+        mine.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - from).count());
+        due = rate > 0
+                ? due + std::chrono::duration_cast<std::chrono::steady_clock::duration>(interval)
+                : std::chrono::steady_clock::now();
+      }
+      std::lock_guard<std::mutex> g(mtx);
+      out.latencies.insert(out.latencies.end(), mine.begin(), mine.end());
+      out.failed += failed;
+    });
+  for (auto& t : threads)
+    t.join();
+  out.seconds = std::chrono::duration<double>(end - start).count();
+  return out;
+}
+
+double pct(std::vector<double> xs, double p) {
+  if (xs.empty())
+    return 0;
+  std::sort(xs.begin(), xs.end());
+  return xs[std::min(xs.size() - 1, static_cast<std::size_t>(p * static_cast<double>(xs.size())))];
+}
+
+/// Debian's nginx proxying to the upstream, in its own folder; 0 if it
+/// could not start.
+struct nginx_process {
+  pid_t pid = 0;
+  std::uint16_t port = 0;
+  std::string dir;
+  nginx_process(std::uint16_t upstream) {
+    if (::access("/usr/sbin/nginx", X_OK) != 0)
+      return;
+    char tmpl[] = "/tmp/llmgw-bench-nginx-XXXXXX";
+    dir = ::mkdtemp(tmpl);
+    port = pick_port();
+    std::ofstream(dir + "/nginx.conf") << fmt::format(
+      R"(daemon off;
+worker_processes 2;
+pid {0}/nginx.pid;
+error_log {0}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  client_body_temp_path {0}/body;
+  proxy_temp_path {0}/proxy;
+  fastcgi_temp_path {0}/fastcgi;
+  uwsgi_temp_path {0}/uwsgi;
+  scgi_temp_path {0}/scgi;
+  upstream engine {{ server 127.0.0.1:{1}; keepalive 32; }}
+  server {{
+    listen 127.0.0.1:{2};
+    location / {{
+      proxy_pass http://engine;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }}
+  }}
+}}
+)",
+      dir, upstream, port);
+    pid = ::fork();
+    if (pid == 0) {
+      ::execl("/usr/sbin/nginx", "nginx", "-c", (dir + "/nginx.conf").c_str(), "-p", dir.c_str(),
+              static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    // Wait until it accepts connections.
+    for (int i = 0; i < 200; ++i) {
+      try {
+        connection probe(port, "{}");
+        return;
+      } catch (const std::exception&) {
+        std::this_thread::sleep_for(10ms);
+      }
+    }
+    fmt::print("nginx did not start; see {}/error.log\n", dir);
+    port = 0;
+  }
+  ~nginx_process() {
+    if (pid > 0) {
+      ::kill(pid, SIGQUIT);
+      ::waitpid(pid, nullptr, 0);
+      std::system(("rm -rf " + dir).c_str());
+    }
+  }
+};
+
+} // namespace
+
+int run_gateway_bench(int rounds, double rate) {
+  // The upstream: answers at once.
+  const std::string answer =
+    R"({"id":"cmpl-1","object":"text_completion","created":1,"model":"m",)"
+    R"("choices":[{"index":0,"text":" ok","finish_reason":"length"}],)"
+    R"("usage":{"prompt_tokens":512,"completion_tokens":1,"total_tokens":513}})";
+  http_server upstream("127.0.0.1", 0, 2, {}, [&](http_request&& req, http_responder respond) {
+    if (req.target == "/tokenize") {
+      boost::json::array tokens;
+      for (int i = 0; i < 512; ++i)
+        tokens.push_back(i);
+      respond(http_reply{200,
+                         "application/json",
+                         boost::json::serialize(boost::json::object{{"tokens", tokens}}),
+                         {}});
+      return;
+    }
+    respond(http_reply{200, "application/json", answer, {}});
+  });
+  auto topo = std::make_shared<wire::topology>();
+  topo->seed = "0";
+  topo->block_size = 16;
+  topo->plaintext = true;
+  wire::node_spec n;
+  n.name = "agent";
+  n.roles.agent = true;
+  wire::engine_spec e;
+  e.replica = "r0";
+  e.model = "m";
+  e.url = "http://127.0.0.1:" + std::to_string(upstream.port());
+  e.kv_events = true;
+  n.engines.push_back(e);
+  topo->nodes.push_back(n);
+  bench_sys_config cfg;
+  caf::actor_system sys{cfg};
+  auto rt = sys.spawn(router, *topo);
+  auto ctl = sys.spawn(control, control_options{"control", topo, {}, 64}, rt);
+  auto tok = sys.spawn(tokenizer, *topo);
+  gateway gw(sys, topo, "127.0.0.1", 0, gateway_peers{rt, ctl, tok});
+  nginx_process nginx(upstream.port());
+
+  std::string ids;
+  for (int i = 0; i < 512; ++i)
+    ids += (i ? "," : "") + std::to_string(i);
+  const std::string body_ids = R"({"model":"m","max_tokens":1,"prompt":[)" + ids + "]}";
+  const std::string body_text =
+    R"({"model":"m","max_tokens":1,"prompt":")" + std::string(2000, 'p') + R"("})";
+  struct target {
+    std::string name;
+    std::uint16_t port;
+    std::string body;
+  };
+  std::vector<target> targets = {{"upstream directly", upstream.port(), body_ids},
+                                 {"llmgw (token-id prompt)", gw.port(), body_ids},
+                                 {"llmgw (text prompt)", gw.port(), body_text}};
+  if (nginx.port)
+    targets.push_back({"nginx", nginx.port, body_ids});
+  std::map<std::string, std::vector<double>> p50s, p99s, rps;
+  std::map<std::string, std::size_t> failures;
+  for (int r = 0; r < rounds; ++r)
+    for (const auto& t : targets) {
+      auto open = run_load(t.port, t.body, rate, 8, 1500ms);
+      p50s[t.name].push_back(pct(open.latencies, 0.50));
+      p99s[t.name].push_back(pct(open.latencies, 0.99));
+      auto closed = run_load(t.port, t.body, 0, 8, 700ms);
+      rps[t.name].push_back(static_cast<double>(closed.latencies.size()) / closed.seconds);
+      failures[t.name] += open.failed + closed.failed;
+    }
+  fmt::print("# llmgw-bench gateway --rounds {} --rate {} (medians of per-round figures; open "
+             "loop at {} req/s over 8 keep-alive connections, latency from when each request "
+             "was due; closed loop over 8 connections for req/s)\n",
+             rounds, rate, rate);
+  auto base50 = median(p50s["upstream directly"]);
+  auto base99 = median(p99s["upstream directly"]);
+  for (const auto& t : targets) {
+    report(t.name + ": p50 / p99 latency", median(p50s[t.name]) * 1e6, "µs",
+           fmt::format("{:.0f}", median(p99s[t.name]) * 1e6));
+    if (t.name != "upstream directly")
+      report(t.name + ": added p50 / p99", (median(p50s[t.name]) - base50) * 1e6, "µs",
+             fmt::format("{:.0f}", (median(p99s[t.name]) - base99) * 1e6));
+    report(t.name + ": closed-loop requests/s", median(rps[t.name]), "req/s",
+           failures[t.name] ? fmt::format("({} failed)", failures[t.name]) : "");
+  }
+  if (!nginx.port)
+    fmt::print("nginx: not measured (/usr/sbin/nginx missing or did not start)\n");
+  else if (failures["nginx"] > 0) {
+    std::ifstream log(nginx.dir + "/error.log");
+    std::string line;
+    for (int i = 0; i < 5 && std::getline(log, line); ++i)
+      fmt::print("nginx error.log: {}\n", line);
+  }
+  gw.stop();
+  for (const auto& a : {caf::actor_cast<caf::actor>(rt), caf::actor_cast<caf::actor>(ctl),
+                        caf::actor_cast<caf::actor>(tok)})
+    caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  return 0;
+}
+
+} // namespace llmgw::bench
