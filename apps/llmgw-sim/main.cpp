@@ -4,6 +4,7 @@
 // vLLM's HTTP API and publishes vLLM's KV event stream (apps/llmgw-sim/
 // sim_engine.hpp). SIGTERM or SIGINT stop it.
 //   llmgw-sim [serve] MODEL --port 8001 --kv-events-config '{...}' ...
+#include "apps/common/stop_signals.hpp"
 #include "apps/llmgw-sim/sim_engine.hpp"
 #include "wire/log.hpp"
 
@@ -95,11 +96,7 @@ int main(int argc, char** argv) {
   o.event_shape =
     shape == "array" ? llmgw::wire::event_shape::array : llmgw::wire::event_shape::map;
 
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  auto signals = llmgw::apps::block_stop_signals();
   int sig = 0;
   {
     llmgw::sim::engine e(o);

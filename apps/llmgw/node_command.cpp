@@ -15,6 +15,7 @@
 #include "actors/gateway.hpp"
 #include "actors/router.hpp"
 #include "actors/tokenizer.hpp"
+#include "apps/common/stop_signals.hpp"
 #include "apps/llmgw/commands.hpp"
 #include "messages/registration.hpp"
 #include "wire/log.hpp"
@@ -106,11 +107,7 @@ int run_node(const wire::topology& topo_in, const std::string& name, std::size_t
     return 2;
   }
   // Before any thread exists: the signals go to sigwait below, nowhere else.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  auto signals = block_stop_signals();
 
   auto who = "node " + name;
   if (topo->plaintext)

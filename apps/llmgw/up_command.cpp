@@ -12,6 +12,7 @@
 // so every engine) and waits for them. Children get SIGTERM if `llmgw up`
 // itself dies. Node logs go to files in the log folder.
 #include "actors/http_client.hpp"
+#include "apps/common/stop_signals.hpp"
 #include "apps/llmgw/commands.hpp"
 #include "apps/llmgw/demo.hpp"
 #include "wire/pki.hpp"
@@ -221,11 +222,7 @@ int run_up(const up_options& o) {
   if (!load_or_report(o.config, topo, "up"))
     return 2;
   // Signals come to this thread via sigtimedwait; children get them unblocked.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  auto signals = block_stop_signals();
   std::string logs = o.logs;
   if (logs.empty()) {
     char tmpl[] = "/tmp/llmgw-up-XXXXXX";
