@@ -148,7 +148,7 @@ class streaming_call : public http_call, public std::enable_shared_from_this<str
 public:
   streaming_call(asio::io_context& io, std::shared_ptr<connection_pool> pool, http::verb method,
                  std::string host, std::string port, const std::string& target, std::string body,
-                 std::vector<std::pair<std::string, std::string>> headers,
+                 const std::vector<std::pair<std::string, std::string>>& headers,
                  std::chrono::milliseconds connect_timeout, std::chrono::milliseconds timeout,
                  http_call_handlers handlers)
     : io_(io), pool_(std::move(pool)), resolver_(asio::make_strand(io)), host_(std::move(host)),
@@ -256,7 +256,7 @@ private:
     for (const auto& f : res)
       headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
     if (handlers_.on_head)
-      handlers_.on_head(static_cast<int>(res.result_int()), std::move(headers));
+      handlers_.on_head(static_cast<int>(res.result_int()), headers);
     read_body();
   }
 
@@ -359,7 +359,7 @@ void http_client::request(const std::string& method, const std::string& base_url
 
 std::shared_ptr<http_call>
 http_client::call(const std::string& method, const std::string& base_url, const std::string& target,
-                  std::string body, std::vector<std::pair<std::string, std::string>> headers,
+                  std::string body, const std::vector<std::pair<std::string, std::string>>& headers,
                   std::chrono::milliseconds connect_timeout, std::chrono::milliseconds timeout,
                   http_call_handlers handlers) {
   std::string host, port;
@@ -369,9 +369,9 @@ http_client::call(const std::string& method, const std::string& base_url, const 
       handlers.on_done("not an http://HOST:PORT URL or HTTP method: " + base_url + " " + method);
     return nullptr;
   }
-  auto c = std::make_shared<streaming_call>(
-    impl_->io(), impl_->pool, verb, std::move(host), std::move(port), target, std::move(body),
-    std::move(headers), connect_timeout, timeout, std::move(handlers));
+  auto c = std::make_shared<streaming_call>(impl_->io(), impl_->pool, verb, std::move(host),
+                                            std::move(port), target, std::move(body), headers,
+                                            connect_timeout, timeout, std::move(handlers));
   c->start();
   return c;
 }

@@ -28,8 +28,9 @@ struct http_response {
 /// as it arrives, on_done once ("" when the response is complete, else why
 /// not: connect, timeout, reset, cancelled).
 struct http_call_handlers {
-  std::function<void(int status, std::vector<std::pair<std::string, std::string>> headers)> on_head;
-  std::function<void(std::string data)> on_data;
+  std::function<void(int status, const std::vector<std::pair<std::string, std::string>>& headers)>
+    on_head;
+  std::function<void(const std::string& data)> on_data;
   std::function<void(const std::string& error)> on_done;
 };
 
@@ -73,7 +74,7 @@ public:
   /// connecting; `timeout` the whole call.
   std::shared_ptr<http_call> call(const std::string& method, const std::string& base_url,
                                   const std::string& target, std::string body,
-                                  std::vector<std::pair<std::string, std::string>> headers,
+                                  const std::vector<std::pair<std::string, std::string>>& headers,
                                   std::chrono::milliseconds connect_timeout,
                                   std::chrono::milliseconds timeout, http_call_handlers handlers);
 

@@ -144,7 +144,7 @@ public:
   }
 
   void begin_stream(int status, const std::string& content_type,
-                    std::vector<std::pair<std::string, std::string>> headers) {
+                    const std::vector<std::pair<std::string, std::string>>& headers) {
     auto res = std::make_unique<http::response<http::empty_body>>();
     res->result(static_cast<unsigned>(status));
     res->version(11);
@@ -430,8 +430,8 @@ void http_responder::operator()(http_reply r) const {
 http_stream http_responder::stream(int status, const std::string& content_type,
                                    std::vector<std::pair<std::string, std::string>> headers) const {
   if (!x_->answered.exchange(true))
-    x_->post([status, content_type, headers = std::move(headers)](session& s) mutable {
-      s.begin_stream(status, content_type, std::move(headers));
+    x_->post([status, content_type, headers = std::move(headers)](session& s) {
+      s.begin_stream(status, content_type, headers);
     });
   else
     x_->ended = true; // a second answer: this stream accepts nothing

@@ -94,10 +94,10 @@ private:
     }
     auto self = shared_from_this();
     http_call_handlers h;
-    h.on_head = [self](int status, std::vector<std::pair<std::string, std::string>> hs) {
-      self->on_head(status, std::move(hs));
+    h.on_head = [self](int status, const std::vector<std::pair<std::string, std::string>>& hs) {
+      self->on_head(status, hs);
     };
-    h.on_data = [self](std::string data) { self->on_data(std::move(data)); };
+    h.on_data = [self](const std::string& data) { self->on_data(data); };
     h.on_done = [self](const std::string& err) { self->on_done(err); };
     auto upstream = ctx_.upstream.lock();
     if (!upstream) { // the gateway is shutting down
@@ -109,24 +109,24 @@ private:
         {}});
       return;
     }
-    call_ = upstream->call("POST", d.url, path_, req_.body, std::move(headers),
-                           ctx_.topo->gateway.connect_timeout, ctx_.topo->gateway.request_timeout,
-                           std::move(h));
+    call_ =
+      upstream->call("POST", d.url, path_, req_.body, headers, ctx_.topo->gateway.connect_timeout,
+                     ctx_.topo->gateway.request_timeout, std::move(h));
   }
 
-  void on_head(int status, std::vector<std::pair<std::string, std::string>> headers) {
+  void on_head(int status, const std::vector<std::pair<std::string, std::string>>& headers) {
     std::lock_guard<std::mutex> g(mtx_);
     head_ = true;
     status_ = status;
     std::string content_type = "application/json";
     bool chunked = false;
-    for (auto& [k, v] : headers) {
+    for (const auto& [k, v] : headers) {
       if (iequals(k, "content-type"))
         content_type = v;
       else if (iequals(k, "transfer-encoding"))
         chunked = true;
       else if (!hop_by_hop(k))
-        relay_headers_.emplace_back(std::move(k), std::move(v));
+        relay_headers_.emplace_back(k, v);
     }
     relay_headers_.emplace_back("x-llmgw-replica", decision_.replica);
     relay_headers_.emplace_back("x-llmgw-tier", wire::to_string(decision_.tier));
@@ -141,10 +141,10 @@ private:
     }
   }
 
-  void on_data(std::string data) {
+  void on_data(const std::string& data) {
     std::lock_guard<std::mutex> g(mtx_);
     if (streaming_) {
-      if (!stream_ || !stream_->write(std::move(data))) {
+      if (!stream_ || !stream_->write(data)) {
         if (call_)
           call_->cancel(); // the client is gone or not reading
       }

@@ -15,7 +15,9 @@
 #include <cstdlib>
 #include <pthread.h>
 
-int main(int argc, char** argv) {
+namespace {
+
+int run(int argc, char** argv) {
   using llmgw::sim::engine_options;
   engine_options o;
   std::vector<std::string> positional;
@@ -110,4 +112,15 @@ int main(int argc, char** argv) {
     sigwait(&signals, &sig);
   }
   return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "llmgw-sim: {}\n", e.what());
+    return 1;
+  }
 }

@@ -560,9 +560,11 @@ engine::engine(engine_options opts) : impl_(std::make_unique<impl>()) {
   im.thread = std::thread([&im] { im.run(); });
   http_server_limits limits;
   limits.idle_timeout = std::chrono::minutes(5);
-  im.server = std::make_unique<http_server>(
-    im.opts.host, im.opts.port, 2, limits,
-    [&im](http_request&& req, http_responder respond) { im.handle(std::move(req), respond); });
+  im.server =
+    std::make_unique<http_server>(im.opts.host, im.opts.port, 2, limits,
+                                  [&im](http_request&& req, const http_responder& respond) {
+                                    im.handle(std::move(req), respond);
+                                  });
   if (im.server->port() == 0)
     error_ = im.server->error();
 }

@@ -50,7 +50,7 @@ one_answer chat(http_client& http, const std::string& base, const json::object& 
   auto start = std::chrono::steady_clock::now();
   http.call("POST", base, "/v1/chat/completions", json::serialize(body),
             {{"Content-Type", "application/json"}}, 2s, 60s,
-            {[&](int s, std::vector<std::pair<std::string, std::string>> hs) {
+            {[&](int s, const std::vector<std::pair<std::string, std::string>>& hs) {
                std::lock_guard<std::mutex> g(mtx);
                status = s;
                for (auto& [k, v] : hs) {
@@ -60,7 +60,7 @@ one_answer chat(http_client& http, const std::string& base, const json::object& 
                    a.tier = v;
                }
              },
-             [&](std::string d) {
+             [&](const std::string& d) {
                std::lock_guard<std::mutex> g(mtx);
                text += d;
              },
@@ -134,7 +134,8 @@ std::map<std::string, tally> phase(const demo_options& o,
           std::string pasted;
           for (int line = 0; pasted.size() < 1200; ++line)
             pasted += fmt::format("case {} line {}: amount {} due {}. ", 1000 + c * 10 + t, line,
-                                  (c * 37 + t * 11 + line * 7) % 997, 2026 + line % 3);
+                                  (c * 37 + t * 11 + static_cast<std::size_t>(line) * 7) % 997,
+                                  2026 + line % 3);
           messages.push_back(json::object{
             {"role", "user"},
             {"content", fmt::format("I am user {}. Question {}: what does rule {} mean here?\n{}",

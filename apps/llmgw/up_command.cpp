@@ -97,6 +97,7 @@ pid_t start_node(const std::string& self, const std::string& config, const std::
                  const std::string& log, const std::string& path_env) {
   std::vector<std::string> args = {self, "node", "--config", config, "--node", node};
   std::vector<char*> argv;
+  argv.reserve(args.size() + 1);
   for (auto& a : args)
     argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -106,6 +107,7 @@ pid_t start_node(const std::string& self, const std::string& config, const std::
       env_strings.emplace_back(*e);
   env_strings.push_back("PATH=" + path_env);
   std::vector<char*> envp;
+  envp.reserve(env_strings.size() + 1);
   for (auto& e : env_strings)
     envp.push_back(e.data());
   envp.push_back(nullptr);
