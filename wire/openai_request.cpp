@@ -13,14 +13,15 @@ error bad(errc code, std::string message) {
   return error{code, std::move(message)};
 }
 
-/// A token id, or an error naming where it was.
-result<std::uint32_t> token_of(const json::value& v, const std::string& where) {
+/// A token id, or an error naming where it was (`where`[`index`]). The
+/// name is formatted only for the error: this runs once per prompt token.
+result<std::uint32_t> token_of(const json::value& v, const std::string& where, std::size_t index) {
   if (v.is_uint64() && v.as_uint64() <= UINT32_MAX)
     return static_cast<std::uint32_t>(v.as_uint64());
   if (v.is_int64() && v.as_int64() >= 0 && v.as_int64() <= UINT32_MAX)
     return static_cast<std::uint32_t>(v.as_int64());
-  return bad(errc::bad_value, fmt::format("{} must be a token id (0..4294967295), not {}", where,
-                                          json::serialize(v)));
+  return bad(errc::bad_value, fmt::format("{}[{}] must be a token id (0..4294967295), not {}",
+                                          where, index, json::serialize(v)));
 }
 
 result<std::vector<std::uint32_t>> tokens_of(const json::array& a, const std::string& where,
@@ -31,7 +32,7 @@ result<std::vector<std::uint32_t>> tokens_of(const json::array& a, const std::st
   std::vector<std::uint32_t> out;
   out.reserve(a.size());
   for (std::size_t i = 0; i < a.size(); ++i) {
-    auto t = token_of(a[i], fmt::format("{}[{}]", where, i));
+    auto t = token_of(a[i], where, i);
     if (!t)
       return t.err();
     out.push_back(*t);
