@@ -1,16 +1,24 @@
 #include "actors/gateway.hpp"
 
+#include "actors/control.hpp"
+#include "actors/router.hpp"
+#include "actors/tokenizer.hpp"
+
 #include "actors/http_client.hpp"
 #include "actors/io_loop.hpp"
 #include "actors/proxy.hpp"
 #include "wire/block_hash.hpp"
+#include "wire/locked_router.hpp"
 #include "wire/log.hpp"
 #include "wire/router_report.hpp"
+#include "wire/token_cache.hpp"
 
 #include <boost/json.hpp>
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
 #include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
 
 #include <set>
 
@@ -79,35 +87,49 @@ wire::route_query make_query(const wire::topology& topo, const wire::routing_req
   return q;
 }
 
-/// Asks the router from within an actor, with a deadline.
-void decide(caf::event_based_actor* self, const gateway_peers& peers,
-            const std::shared_ptr<const wire::topology>& topo, const wire::routing_request& req,
-            bool dry_run, const std::vector<std::uint32_t>* tokens, double tokenize_seconds,
-            const std::function<void(wire::route_decision)>& done,
-            const std::vector<std::string>& exclude) {
-  auto q = make_query(*topo, req, dry_run, tokens, tokenize_seconds, exclude);
-  self->request(peers.router, std::chrono::seconds(5), route_atom::value, std::move(q))
-    .then([done](wire::route_decision& d) { done(std::move(d)); },
-          [done](const caf::error& err) {
-            wire::route_decision d;
-            d.error = "the router did not answer: " + caf::to_string(err);
-            done(std::move(d));
-          });
+/// Decides on this thread against the shared router state, hands the
+/// decision on, then records it (which need not delay the request).
+void decide_here(const gateway_peers& peers, const wire::route_query& q,
+                 const std::function<void(wire::route_decision)>& done) {
+  auto d = peers.shared_router->decide(q);
+  done(d);
+  peers.shared_router->record(q, d);
 }
 
 } // namespace
+
+gateway_peers spawn_control_plane(caf::actor_system& sys, const control_options& opts) {
+  const auto& topo = *opts.topo;
+  gateway_peers p;
+  p.shared_router = std::make_shared<wire::locked_router>(topo);
+  p.token_cache = std::make_shared<wire::token_cache>(topo.router.tokenize_cache_entries);
+  p.router = sys.spawn(router, p.shared_router);
+  p.control = sys.spawn(control, opts, p.router);
+  p.tokenizer = sys.spawn(tokenizer, topo, p.token_cache);
+  return p;
+}
+
+void stop_control_plane(const gateway_peers& peers) {
+  for (const auto& a :
+       {caf::actor_cast<caf::actor>(peers.router), caf::actor_cast<caf::actor>(peers.control),
+        caf::actor_cast<caf::actor>(peers.tokenizer)})
+    if (a)
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+}
 
 void route_flow(caf::actor_system& sys, const gateway_peers& peers,
                 const std::shared_ptr<const wire::topology>& topo, wire::routing_request req,
                 bool dry_run, std::function<void(wire::route_decision)> done,
                 std::vector<std::string> exclude) {
   if (req.token_ids) {
-    // Nothing to tokenize: hash here and let the router call back, without
-    // an actor in between (a spawn and a hop per request).
-    auto q = make_query(*topo, req, dry_run, &*req.token_ids, -1, exclude);
-    auto cb = std::make_shared<std::function<void(const wire::route_decision&)>>(
-      [done = std::move(done)](const wire::route_decision& d) { done(d); });
-    caf::anon_send(peers.router, route_atom::value, std::move(q), std::move(cb));
+    decide_here(peers, make_query(*topo, req, dry_run, &*req.token_ids, -1, exclude), done);
+    return;
+  }
+  // A prompt tokenized before: no hop to the tokenizer either.
+  thread_local std::vector<std::uint32_t> tokens;
+  auto key = wire::token_cache::key(req.model, req.tokenize_body);
+  if (peers.token_cache->lookup(key, tokens)) {
+    decide_here(peers, make_query(*topo, req, dry_run, &tokens, 0, exclude), done);
     return;
   }
   sys.spawn([peers, topo, req = std::move(req), dry_run, done = std::move(done),
@@ -115,15 +137,20 @@ void route_flow(caf::actor_system& sys, const gateway_peers& peers,
     auto timeout = topo->router.tokenize_timeout + std::chrono::milliseconds(200);
     self->request(peers.tokenizer, timeout, tokenize_atom::value, req.model, req.tokenize_body)
       .then(
-        [self, peers, topo, req, dry_run, done, exclude](const tokenize_reply& r) {
+        [peers, topo, req, dry_run, done, exclude](const tokenize_reply& r) {
           // Failed tokenization is not fatal: tier 1 routes the request.
-          decide(self, peers, topo, req, dry_run, r.ok ? &r.tokens : nullptr,
-                 r.cached ? 0.0 : r.seconds, done, exclude);
+          decide_here(peers,
+                      make_query(*topo, req, dry_run, r.ok ? &r.tokens : nullptr,
+                                 r.cached ? 0.0 : r.seconds, exclude),
+                      done);
         },
-        [self, peers, topo, req, dry_run, done, exclude](const caf::error&) {
-          decide(self, peers, topo, req, dry_run, nullptr,
-                 std::chrono::duration<double>(topo->router.tokenize_timeout).count(), done,
-                 exclude);
+        [peers, topo, req, dry_run, done, exclude](const caf::error&) {
+          decide_here(
+            peers,
+            make_query(*topo, req, dry_run, nullptr,
+                       std::chrono::duration<double>(topo->router.tokenize_timeout).count(),
+                       exclude),
+            done);
         });
   });
 }
@@ -156,19 +183,21 @@ gateway::gateway(caf::actor_system& sys, std::shared_ptr<const wire::topology> t
   models_json_ = json::serialize(models);
   const auto& g = topo_->gateway;
   stats_ = std::make_shared<proxy_stats>();
-  // One thread: the server and the upstream client share it, so a request,
-  // its upstream call and the answer's relay never cross threads. More
-  // threads: the server gets them, the client keeps its own.
-  std::shared_ptr<io_loop> loop = std::make_shared<io_loop>(std::max<std::size_t>(g.threads, 1));
-  upstream_ =
-    g.threads <= 1 ? std::make_shared<http_client>(loop) : std::make_shared<http_client>();
+  // A loop per thread, each with its connections and its own upstream
+  // client: a request, its upstream call and the answer's relay never cross
+  // threads.
+  std::vector<std::shared_ptr<io_loop>> loops;
+  for (std::size_t i = 0; i < std::max<std::size_t>(g.threads, 1); ++i) {
+    loops.push_back(std::make_shared<io_loop>(1, "llmgw-gateway"));
+    upstreams_.emplace_back(loops.back().get(), std::make_shared<http_client>(loops.back()));
+  }
   http_server_limits limits;
   limits.max_body_bytes = g.max_body_bytes;
   limits.max_header_bytes = g.max_header_bytes;
   limits.read_timeout = g.read_timeout;
   limits.idle_timeout = g.idle_timeout;
   limits.max_connections = g.max_connections;
-  server_ = std::make_unique<http_server>(host, port, loop, limits,
+  server_ = std::make_unique<http_server>(host, port, std::move(loops), limits,
                                           [this](http_request&& req, http_responder respond) {
                                             handle(std::move(req), std::move(respond));
                                           });
@@ -176,6 +205,14 @@ gateway::gateway(caf::actor_system& sys, std::shared_ptr<const wire::topology> t
 
 gateway::~gateway() {
   server_->stop();
+}
+
+std::shared_ptr<http_client> gateway::upstream_here() const {
+  auto* loop = io_loop::current();
+  for (const auto& [l, client] : upstreams_)
+    if (l == loop)
+      return client;
+  return upstreams_.front().second; // not on a loop thread: any client will do
 }
 
 void gateway::handle(http_request&& req, http_responder respond) {
@@ -199,67 +236,70 @@ void gateway::handle(http_request&& req, http_responder respond) {
   if (path == "/metrics") {
     if (!method_is("GET"))
       return;
-    auto peers = peers_;
-    const auto* counters = &server_->counters();
-    auto stats = stats_;
-    sys_.spawn([peers, respond, counters, stats](caf::event_based_actor* self) {
-      self->request(peers.router, std::chrono::seconds(5), metrics_atom::value)
+    // The router's and the gateway's own parts are read here; the control
+    // actor's come by message.
+    auto text = peers_.shared_router->with(
+      [](const wire::router_core& core, const wire::router_stats& stats) {
+        wire::metrics_text m;
+        wire::append_router_metrics(m, core, stats, std::chrono::steady_clock::now());
+        return m.str();
+      });
+    wire::metrics_text m;
+    stats_->append(m);
+    const auto& counters = server_->counters();
+    m.counter("llmgw_http_requests_total", "HTTP requests read by the gateway.",
+              static_cast<double>(counters.requests.load()));
+    m.counter("llmgw_http_connections_total", "HTTP connections accepted.",
+              static_cast<double>(counters.connections.load()));
+    m.gauge("llmgw_http_open_connections", "HTTP connections open now.",
+            static_cast<double>(counters.open.load()));
+    auto bad = [&](const char* why, std::uint64_t n) {
+      m.counter("llmgw_http_refused_total", "HTTP requests or connections refused, by reason.",
+                static_cast<double>(n), {{"reason", why}});
+    };
+    bad("malformed", counters.bad_requests.load());
+    bad("too_large", counters.too_large.load());
+    bad("timeout", counters.timeouts.load());
+    bad("too_many_connections", counters.rejected_connections.load());
+    auto cache = peers_.token_cache->stats();
+    m.counter("llmgw_tokenize_cache_hits_total",
+              "Text prompts whose tokens the gateway found in the tokenizer's cache.",
+              static_cast<double>(cache.hits));
+    m.counter("llmgw_tokenize_cache_misses_total",
+              "Text prompts the gateway had tokenized (not in the cache).",
+              static_cast<double>(cache.misses));
+    m.gauge("llmgw_tokenize_cache_entries", "Tokenizations held in the cache.",
+            static_cast<double>(cache.entries));
+    text += m.str();
+    auto control = peers_.control;
+    sys_.spawn([control, respond, text = std::move(text)](caf::event_based_actor* self) {
+      self->request(control, std::chrono::seconds(5), metrics_atom::value)
         .then(
-          [self, peers, respond, counters, stats](const std::string& router_text) {
-            self->request(peers.control, std::chrono::seconds(5), metrics_atom::value)
-              .then(
-                [respond, router_text, counters, stats](const std::string& control_text) {
-                  wire::metrics_text m;
-                  stats->append(m);
-                  m.counter("llmgw_http_requests_total", "HTTP requests read by the gateway.",
-                            static_cast<double>(counters->requests.load()));
-                  m.counter("llmgw_http_connections_total", "HTTP connections accepted.",
-                            static_cast<double>(counters->connections.load()));
-                  m.gauge("llmgw_http_open_connections", "HTTP connections open now.",
-                          static_cast<double>(counters->open.load()));
-                  auto bad = [&](const char* why, std::uint64_t n) {
-                    m.counter("llmgw_http_refused_total",
-                              "HTTP requests or connections refused, by reason.",
-                              static_cast<double>(n), {{"reason", why}});
-                  };
-                  bad("malformed", counters->bad_requests.load());
-                  bad("too_large", counters->too_large.load());
-                  bad("timeout", counters->timeouts.load());
-                  bad("too_many_connections", counters->rejected_connections.load());
-                  respond(http_reply{
-                    200, "text/plain; version=0.0.4", router_text + control_text + m.str(), {}});
-                },
-                [respond](const caf::error& e) {
-                  respond(error_reply(503, "ServiceUnavailableError",
-                                      "control actor: " + caf::to_string(e)));
-                });
+          [respond, text](const std::string& control_text) {
+            respond(http_reply{200, "text/plain; version=0.0.4", text + control_text, {}});
           },
           [respond](const caf::error& e) {
-            respond(error_reply(503, "ServiceUnavailableError", "router: " + caf::to_string(e)));
+            respond(
+              error_reply(503, "ServiceUnavailableError", "control actor: " + caf::to_string(e)));
           });
     });
     return;
   }
   if (path == "/v1/kv/replicas") {
-    if (!method_is("GET"))
-      return;
-    auto router = peers_.router;
-    sys_.spawn([router, respond](caf::event_based_actor* self) {
-      self->request(router, std::chrono::seconds(5), kv_atom::value)
-        .then([respond](const std::string& body) { respond(json_reply(200, body)); },
-              [respond](const caf::error& e) {
-                respond(
-                  error_reply(503, "ServiceUnavailableError", "router: " + caf::to_string(e)));
-              });
-    });
+    if (method_is("GET"))
+      respond(json_reply(200, peers_.shared_router->with([](const wire::router_core& core,
+                                                            const wire::router_stats& stats) {
+        return wire::kv_replicas_json(core, stats, std::chrono::steady_clock::now());
+      })));
     return;
   }
   if (path == "/v1/completions" || path == "/v1/chat/completions") {
     if (!method_is("POST"))
       return;
-    proxy_request(
-      proxy_context{sys_, peers_, topo_, upstream_, stats_}, std::move(req), std::move(respond),
-      path, path == "/v1/completions" ? wire::request_kind::completion : wire::request_kind::chat);
+    proxy_request(proxy_context{sys_, peers_, topo_, upstream_here(), stats_}, std::move(req),
+                  std::move(respond), path,
+                  path == "/v1/completions" ? wire::request_kind::completion
+                                            : wire::request_kind::chat);
     return;
   }
   if (path == "/v1/route") {

@@ -1,7 +1,10 @@
-// The gateway: a control node's HTTP front (actors/http_server), talking to
-// the router, control and tokenizer actors without blocking any of them: for
-// each request that needs an actor, a one-shot actor asks and hands the
-// answer to the connection's responder.
+// The gateway: a control node's HTTP front (actors/http_server). It decides
+// on its own HTTP thread against the router's shared state
+// (wire::locked_router) and looks prompts up in the tokenizer's shared cache
+// (wire::token_cache): a request with token ids or a prompt seen before
+// crosses no thread. It talks to the control and tokenizer actors without
+// blocking any of them: a one-shot actor asks and hands the answer to the
+// connection's responder.
 //
 // Endpoints:
 //   GET  /healthz          the node is up
@@ -14,10 +17,9 @@
 //                          replica's tier-1 and tier-2 score, nothing proxied
 // Errors the gateway makes itself are OpenAI-style JSON.
 //
-// Routing a request (route_flow): tokenize through the tokenizer (or take the
-// prompt's token ids), hash the blocks here, on the one-shot actor's thread,
-// so the router only walks its index; compute tier-1 chunk hashes; ask the
-// router.
+// Routing a request (route_flow): take the prompt's token ids, or its tokens
+// from the cache, or tokenize through the tokenizer; hash the blocks and the
+// tier-1 chunks; decide.
 #pragma once
 
 #include "actors/http_server.hpp"
@@ -34,17 +36,34 @@
 namespace llmgw {
 
 class http_client;
+class io_loop;
 struct proxy_stats;
+struct control_options;
 
-/// The actors a gateway talks to.
+namespace wire {
+class locked_router;
+class token_cache;
+} // namespace wire
+
+/// The actors a gateway talks to, and the state it shares with them.
 struct gateway_peers {
   router_actor router;
   control_actor control;
   tokenizer_actor tokenizer;
+  std::shared_ptr<wire::locked_router> shared_router; ///< the router actor's state
+  std::shared_ptr<wire::token_cache> token_cache;     ///< the tokenizer's cache
 };
 
+/// Spawns a control node's router, control and tokenizer actors, with the
+/// state they share with the node's gateway.
+gateway_peers spawn_control_plane(caf::actor_system& sys, const control_options& opts);
+
+/// Tells those actors to stop (a null `peers` is nothing to stop).
+void stop_control_plane(const gateway_peers& peers);
+
 /// Routes one parsed request, leaving out the replicas in `exclude`; `done`
-/// gets the decision (from an actor's thread).
+/// gets the decision: on the calling thread when no tokenizing is needed,
+/// else from an actor's thread.
 void route_flow(caf::actor_system& sys, const gateway_peers& peers,
                 const std::shared_ptr<const wire::topology>& topo, wire::routing_request req,
                 bool dry_run, std::function<void(wire::route_decision)> done,
@@ -66,13 +85,16 @@ public:
 
 private:
   void handle(http_request&& req, http_responder respond);
+  /// The upstream client on the calling thread's loop.
+  std::shared_ptr<http_client> upstream_here() const;
 
   caf::actor_system& sys_;
   std::shared_ptr<const wire::topology> topo_;
   gateway_peers peers_;
   std::string models_json_;
   std::shared_ptr<proxy_stats> stats_;
-  std::shared_ptr<http_client> upstream_; ///< before server_: stopped after it
+  /// The upstream client of each loop (before server_: stopped after it).
+  std::vector<std::pair<const io_loop*, std::shared_ptr<http_client>>> upstreams_;
   std::unique_ptr<http_server> server_;
 };
 

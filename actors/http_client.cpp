@@ -6,7 +6,6 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
@@ -48,7 +47,7 @@ public:
   exchange(asio::io_context& io, http::verb method, std::string host, std::string port,
            const std::string& target, std::string body, std::chrono::milliseconds timeout,
            std::function<void(http_response)> done)
-    : resolver_(asio::make_strand(io)), stream_(resolver_.get_executor()), host_(std::move(host)),
+    : resolver_(io.get_executor()), stream_(resolver_.get_executor()), host_(std::move(host)),
       port_(std::move(port)), timeout_(timeout), done_(std::move(done)) {
     req_.method(method);
     req_.target(target);
@@ -151,7 +150,7 @@ public:
                  const std::vector<std::pair<std::string, std::string>>& headers,
                  std::chrono::milliseconds connect_timeout, std::chrono::milliseconds timeout,
                  http_call_handlers handlers)
-    : io_(io), pool_(std::move(pool)), resolver_(asio::make_strand(io)), host_(std::move(host)),
+    : io_(io), pool_(std::move(pool)), resolver_(io.get_executor()), host_(std::move(host)),
       port_(std::move(port)), key_(host_ + ":" + port_), connect_timeout_(connect_timeout),
       deadline_(std::chrono::steady_clock::now() + timeout), handlers_(std::move(handlers)) {
     req_.method(method);
@@ -192,7 +191,7 @@ public:
 private:
   void connect() {
     reused_ = false;
-    stream_ = std::make_unique<beast::tcp_stream>(asio::make_strand(io_));
+    stream_ = std::make_unique<beast::tcp_stream>(io_.get_executor());
     auto self = shared_from_this();
     stream_->expires_after(connect_timeout_);
     resolver_.async_resolve(

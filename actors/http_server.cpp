@@ -5,6 +5,7 @@
 #include "wire/log.hpp"
 #include "wire/openai_request.hpp"
 
+#include <boost/asio/dispatch.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -71,7 +72,7 @@ struct http_exchange {
   std::mutex mtx;
   std::vector<std::function<void()>> on_gone; ///< guarded by mtx
 
-  /// Runs `f` on the session's strand, if the server and session still exist.
+  /// Runs `f` on the session's executor, if the server and session still exist.
   template <class F>
   bool post(F f);
 
@@ -94,11 +95,12 @@ struct http_server::impl {
   std::shared_ptr<shared_state> shared = std::make_shared<shared_state>();
   std::uint16_t port = 0;
   std::string error;
-  std::shared_ptr<io_loop> loop;
+  std::vector<std::shared_ptr<io_loop>> loops;
+  std::size_t next_loop = 0; ///< where the next connection goes (the acceptor's thread only)
   std::unique_ptr<tcp::acceptor> acceptor;
   std::atomic<bool> stopped{false};
 
-  asio::io_context& io() { return loop->get().io; }
+  asio::io_context& io() { return loops.front()->get().io; }
   void accept();
 };
 
@@ -124,7 +126,7 @@ public:
     write_whole(std::move(r));
   }
 
-  // -- called on the strand by responders and streams --------------------
+  // -- called on the session's executor by responders and streams ----------
 
   void write_whole(http_reply r) {
     auto res = std::make_shared<http::response<http::string_body>>();
@@ -173,7 +175,7 @@ public:
     pump();
   }
 
-  /// The session's strand.
+  /// The session's executor: a strand when its loop runs on several threads.
   auto executor() { return stream_.get_executor(); }
 
   /// Drops the connection mid-answer.
@@ -479,17 +481,25 @@ bool http_stream::client_gone() const {
 }
 
 void http_server::impl::accept() {
-  acceptor->async_accept(asio::make_strand(io()), [this](beast::error_code ec, tcp::socket socket) {
+  // One thread runs a loop: its handlers are serialized already, a strand
+  // would only cost. More threads: each connection gets a strand.
+  auto& target = *loops[next_loop++ % loops.size()];
+  auto executor = target.threads() == 1 ? asio::any_io_executor(target.get().io.get_executor())
+                                        : asio::any_io_executor(asio::make_strand(target.get().io));
+  acceptor->async_accept(executor, [this](beast::error_code ec, tcp::socket socket) {
     if (stopped)
       return;
     if (!ec) {
       auto s = std::make_shared<session>(std::move(socket), shared);
-      if (shared->counters.open > shared->limits.max_connections) {
-        ++shared->counters.rejected_connections;
-        s->refuse(503, "too many open connections");
-      } else {
-        s->start();
-      }
+      // On the session's own loop from its first step.
+      asio::dispatch(s->executor(), [s, srv = shared] {
+        if (srv->counters.open > srv->limits.max_connections) {
+          ++srv->counters.rejected_connections;
+          s->refuse(503, "too many open connections");
+        } else {
+          s->start();
+        }
+      });
     }
     accept();
   });
@@ -497,12 +507,13 @@ void http_server::impl::accept() {
 
 http_server::http_server(const std::string& host, std::uint16_t port, std::size_t threads,
                          http_server_limits limits, http_handler handler)
-  : http_server(host, port, std::make_shared<io_loop>(threads), limits, std::move(handler)) {}
+  : http_server(host, port, {std::make_shared<io_loop>(threads)}, limits, std::move(handler)) {}
 
-http_server::http_server(const std::string& host, std::uint16_t port, std::shared_ptr<io_loop> loop,
-                         http_server_limits limits, http_handler handler)
+http_server::http_server(const std::string& host, std::uint16_t port,
+                         std::vector<std::shared_ptr<io_loop>> loops, http_server_limits limits,
+                         http_handler handler)
   : impl_(std::make_shared<impl>()) {
-  impl_->loop = std::move(loop);
+  impl_->loops = std::move(loops);
   impl_->acceptor = std::make_unique<tcp::acceptor>(impl_->io());
   impl_->shared->limits = limits;
   impl_->shared->handler = std::move(handler);
@@ -546,7 +557,8 @@ void http_server::stop() {
     impl_->shared->alive = false;
     waiting.swap(impl_->shared->waiting);
   }
-  impl_->loop->stop(); // a shared loop stops for its other users too
+  for (const auto& loop : impl_->loops)
+    loop->stop(); // a shared loop stops for its other users too
   // No thread runs the io_context now: close the listening socket here, so
   // new connections are refused rather than accepted and never served.
   beast::error_code ignored;

@@ -123,10 +123,12 @@ public:
   http_server(const std::string& host, std::uint16_t port, std::size_t threads,
               http_server_limits limits, http_handler handler);
 
-  /// The same on a loop shared with others (a gateway's upstream client);
-  /// stop() stops that loop.
-  http_server(const std::string& host, std::uint16_t port, std::shared_ptr<io_loop> loop,
-              http_server_limits limits, http_handler handler);
+  /// The same on loops shared with others (a gateway's upstream clients):
+  /// new connections go to the loops in turn, and each stays on its loop.
+  /// stop() stops those loops.
+  http_server(const std::string& host, std::uint16_t port,
+              std::vector<std::shared_ptr<io_loop>> loops, http_server_limits limits,
+              http_handler handler);
   ~http_server();
   http_server(const http_server&) = delete;
   http_server& operator=(const http_server&) = delete;

@@ -27,8 +27,6 @@ using status_atom = caf::atom_constant<caf::atom("status")>;
 using refused_atom = caf::atom_constant<caf::atom("refused")>;
 using drop_atom = caf::atom_constant<caf::atom("drop")>;
 using route_atom = caf::atom_constant<caf::atom("route")>;
-using done_atom = caf::atom_constant<caf::atom("done")>;
-using mark_down_atom = caf::atom_constant<caf::atom("mark_down")>;
 using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
 using kv_atom = caf::atom_constant<caf::atom("kv")>;
 using tokenize_atom = caf::atom_constant<caf::atom("tokenize")>;
@@ -88,14 +86,9 @@ using router_actor = caf::typed_actor<
   caf::reacts_to<replica_update>,
   // Forget a replica's KV state; the reason is a wire::drop_reason.
   caf::reacts_to<drop_atom, std::string, std::uint8_t>,
-  // Decide where a request goes.
+  // Decide where a request goes (and remember it). The node's own gateway
+  // decides through the shared wire::locked_router instead, on its thread.
   caf::replies_to<route_atom, wire::route_query>::with<wire::route_decision>,
-  // The same, answered by calling the callback (from HTTP threads).
-  caf::reacts_to<route_atom, wire::route_query, route_callback>,
-  // A request on this replica finished.
-  caf::reacts_to<done_atom, std::string>,
-  // The replica failed a request: avoid it for this many milliseconds.
-  caf::reacts_to<mark_down_atom, std::string, std::uint32_t>,
   // Prometheus text of the router's metrics.
   caf::replies_to<metrics_atom>::with<std::string>,
   // JSON of what the index holds per replica (/v1/kv/replicas).

@@ -1,12 +1,30 @@
 #include "actors/io_loop_impl.hpp"
 
+#include <pthread.h>
+
 #include <algorithm>
+#include <cstring>
+#include <string>
 
 namespace llmgw {
 
-io_loop::io_loop(std::size_t threads) : impl_(std::make_unique<impl>()) {
-  for (std::size_t i = 0; i < std::max<std::size_t>(threads, 1); ++i)
-    impl_->threads.emplace_back([io = &impl_->io] { io->run(); });
+namespace {
+thread_local io_loop* running = nullptr;
+} // namespace
+
+io_loop::io_loop(std::size_t threads, const char* name) : impl_(std::make_unique<impl>()) {
+  for (std::size_t i = 0; i < std::max<std::size_t>(threads, 1); ++i) {
+    impl_->threads.emplace_back([this, io = &impl_->io] {
+      running = this;
+      io->run();
+    });
+    std::string shown(name, std::min<std::size_t>(std::strlen(name), 15));
+    pthread_setname_np(impl_->threads.back().native_handle(), shown.c_str());
+  }
+}
+
+io_loop* io_loop::current() noexcept {
+  return running;
 }
 
 io_loop::~io_loop() {

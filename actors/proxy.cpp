@@ -1,9 +1,7 @@
 #include "actors/proxy.hpp"
 
+#include "wire/locked_router.hpp"
 #include "wire/log.hpp"
-
-#include <caf/actor_system.hpp>
-#include <caf/send.hpp>
 
 #include <algorithm>
 #include <cctype>
@@ -78,7 +76,7 @@ private:
     }
     std::lock_guard<std::mutex> g(mtx_);
     if (gone_) {
-      caf::anon_send(ctx_.peers.router, done_atom::value, d.replica); // never sent
+      ctx_.peers.shared_router->finished(d.replica); // never sent
       return;
     }
     decision_ = d;
@@ -101,7 +99,7 @@ private:
     h.on_done = [self](const std::string& err) { self->on_done(err); };
     auto upstream = ctx_.upstream.lock();
     if (!upstream) { // the gateway is shutting down
-      caf::anon_send(ctx_.peers.router, done_atom::value, d.replica);
+      ctx_.peers.shared_router->finished(d.replica);
       respond_(http_reply{
         503,
         "application/json",
@@ -155,7 +153,7 @@ private:
 
   void on_done(const std::string& err) {
     std::unique_lock<std::mutex> g(mtx_);
-    caf::anon_send(ctx_.peers.router, done_atom::value, decision_.replica);
+    ctx_.peers.shared_router->finished(decision_.replica);
     call_.reset();
     if (gone_)
       return;
@@ -197,8 +195,7 @@ private:
       return;
     }
     // Nothing was relayed: avoid this replica for a while and try the next.
-    caf::anon_send(ctx_.peers.router, mark_down_atom::value, decision_.replica,
-                   static_cast<std::uint32_t>(ctx_.topo->gateway.down_for.count()));
+    ctx_.peers.shared_router->mark_down(decision_.replica, ctx_.topo->gateway.down_for);
     last_error_ = "replica " + decision_.replica + ": " + err;
     if (tried_.size() >= ctx_.topo->gateway.max_attempts) {
       g.unlock();

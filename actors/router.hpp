@@ -1,28 +1,29 @@
-// The router: one per control node. Holds the block index, the tier-1 tree
-// and replica load (wire::router_core) and the router's statistics
-// (wire::router_stats); applies the agents' checked changes, decides where
-// requests go, and reports. A thin shell: each handler calls plain code.
+// The router: one per control node. Its state (wire::locked_router: the
+// block index, the tier-1 tree, replica load and the router's statistics) is
+// shared with the node's gateway, which decides on its own HTTP thread. The
+// actor applies the agents' checked changes and drops, answers route queries
+// from other actors, and reports. A thin shell: each handler calls plain code.
 #pragma once
 
 #include "actors/interfaces.hpp"
-#include "wire/router_report.hpp"
+#include "wire/locked_router.hpp"
 
 #include <memory>
 
 namespace llmgw {
 
 struct router_state {
-  std::unique_ptr<wire::router_core> core;
-  wire::router_stats stats;
+  std::shared_ptr<wire::locked_router> shared;
   static inline const char* name = "router";
 };
 
+/// A router over `shared` (the gateway of the same node holds it too).
 router_actor::behavior_type router(router_actor::stateful_pointer<router_state> self,
-                                   const wire::topology& topo);
+                                   std::shared_ptr<wire::locked_router> shared);
 
 /// Applies one checked change to the router's state (what the router's
 /// replica_update handler does; exposed for tests and benchmarks).
-void apply_update(router_state& st, const replica_update& u,
+void apply_update(wire::router_core& core, wire::router_stats& stats, const replica_update& u,
                   std::chrono::steady_clock::time_point now);
 
 } // namespace llmgw

@@ -8,8 +8,6 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
-#include <xxhash.h>
-
 #include <algorithm>
 
 namespace llmgw {
@@ -17,11 +15,6 @@ namespace llmgw {
 namespace {
 
 using self_ptr = tokenizer_actor::stateful_pointer<tokenizer_state>;
-
-std::uint64_t cache_key(const std::string& model, const std::string& body) {
-  auto h = XXH3_64bits_withSeed(model.data(), model.size(), 0x746f6b);
-  return XXH3_64bits_withSeed(body.data(), body.size(), h);
-}
 
 /// The replica to ask next for `model`: the next one in turn that is not
 /// marked bad; any one of the model's if all are.
@@ -44,43 +37,30 @@ const tokenizer_state::replica* pick(tokenizer_state& st, const std::string& mod
   return fallback;
 }
 
-void remember(tokenizer_state& st, std::uint64_t key, const std::vector<std::uint32_t>& tokens) {
-  if (st.cache_capacity == 0 || st.cache.count(key))
-    return;
-  st.lru.push_front(key);
-  st.cache[key] = {tokens, st.lru.begin()};
-  if (st.cache.size() > st.cache_capacity) {
-    st.cache.erase(st.lru.back());
-    st.lru.pop_back();
-  }
-}
-
 } // namespace
 
 tokenizer_actor::behavior_type tokenizer(tokenizer_actor::stateful_pointer<tokenizer_state> self,
-                                         const wire::topology& topo) {
+                                         const wire::topology& topo,
+                                         std::shared_ptr<wire::token_cache> cache) {
   auto& st = self->state;
+  st.cache = std::move(cache);
   for (const auto& n : topo.nodes)
     for (const auto& e : n.engines)
       st.replicas.push_back({e.replica, e.model, e.lora, e.url, {}});
   st.timeout = topo.router.tokenize_timeout;
-  st.cache_capacity = topo.router.tokenize_cache_entries;
   st.http = std::make_unique<http_client>();
   return {
     [self](tokenize_atom, const std::string& model,
            const std::string& body) -> caf::result<tokenize_reply> {
       auto& st = self->state;
-      auto key = cache_key(model, body);
-      if (auto it = st.cache.find(key); it != st.cache.end()) {
-        ++st.hits;
-        st.lru.splice(st.lru.begin(), st.lru, it->second.lru);
-        tokenize_reply r;
-        r.ok = true;
-        r.tokens = it->second.tokens;
-        r.cached = true;
-        return r;
+      auto key = wire::token_cache::key(model, body);
+      tokenize_reply cached;
+      // Not counted: the gateway counted its own look-up before asking.
+      if (st.cache->peek(key, cached.tokens)) {
+        cached.ok = true;
+        cached.cached = true;
+        return cached;
       }
-      ++st.misses;
       const auto* replica = pick(st, model);
       if (!replica) {
         tokenize_reply r;
@@ -130,7 +110,7 @@ tokenizer_actor::behavior_type tokenizer(tokenizer_actor::stateful_pointer<token
       auto [rp, key] = it->second;
       st.pending.erase(it);
       if (r.ok) {
-        remember(st, key, r.tokens);
+        st.cache->insert(key, r.tokens);
       } else {
         for (auto& rep : st.replicas)
           if (rep.name == r.replica)
@@ -143,6 +123,13 @@ tokenizer_actor::behavior_type tokenizer(tokenizer_actor::stateful_pointer<token
       rp.deliver(std::move(r));
     },
   };
+}
+
+tokenizer_actor::behavior_type
+tokenizer_alone(tokenizer_actor::stateful_pointer<tokenizer_state> self,
+                const wire::topology& topo) {
+  return tokenizer(self, topo,
+                   std::make_shared<wire::token_cache>(topo.router.tokenize_cache_entries));
 }
 
 } // namespace llmgw

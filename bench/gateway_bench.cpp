@@ -31,7 +31,9 @@
 #include <fmt/format.h>
 
 #include <csignal>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -165,6 +167,55 @@ double pct(std::vector<double> xs, double p) {
   return xs[std::min(xs.size() - 1, static_cast<std::size_t>(p * static_cast<double>(xs.size())))];
 }
 
+/// Nanoseconds on a CPU so far of a task (/proc/.../schedstat), 0 if gone.
+std::uint64_t cpu_ns(const std::string& task_dir) {
+  std::ifstream in(task_dir + "/schedstat");
+  std::uint64_t ns = 0;
+  in >> ns;
+  return ns;
+}
+
+std::string first_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+/// CPU time of this process's threads that proxy: the gateway's loops and
+/// CAF's workers (the router, control and tokenizer actors run there).
+std::uint64_t llmgw_cpu_ns() {
+  std::uint64_t sum = 0;
+  for (const auto& t : std::filesystem::directory_iterator("/proc/self/task")) {
+    auto comm = first_line(t.path().string() + "/comm");
+    if (comm == "llmgw-gateway" || comm.rfind("caf.", 0) == 0)
+      sum += cpu_ns(t.path().string());
+  }
+  return sum;
+}
+
+/// CPU time of the processes whose parent is `parent` (nginx's workers).
+std::uint64_t children_cpu_ns(pid_t parent) {
+  std::uint64_t sum = 0;
+  for (const auto& p : std::filesystem::directory_iterator("/proc")) {
+    auto name = p.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    // /proc/PID/stat: "pid (comm) state ppid ..."; comm may hold spaces.
+    auto stat = first_line(p.path().string() + "/stat");
+    auto close = stat.rfind(')');
+    if (close == std::string::npos)
+      continue;
+    std::istringstream rest(stat.substr(close + 1));
+    std::string state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == parent)
+      sum += cpu_ns(p.path().string());
+  }
+  return sum;
+}
+
 /// Debian's nginx proxying to the upstream, in its own folder; 0 if it
 /// could not start.
 struct nginx_process {
@@ -267,10 +318,12 @@ int run_gateway_bench(int rounds, double rate) {
   topo->nodes.push_back(n);
   bench_sys_config cfg;
   caf::actor_system sys{cfg};
-  auto rt = sys.spawn(router, *topo);
-  auto ctl = sys.spawn(control, control_options{"control", topo, {}, 64}, rt);
-  auto tok = sys.spawn(tokenizer, *topo);
-  gateway gw(sys, topo, "127.0.0.1", 0, gateway_peers{rt, ctl, tok});
+  auto peers = spawn_control_plane(sys, control_options{"control", topo, {}, 64});
+  gateway gw(sys, topo, "127.0.0.1", 0, peers);
+  // The same with two threads (two loops), as nginx runs two workers here.
+  auto topo2 = std::make_shared<wire::topology>(*topo);
+  topo2->gateway.threads = 2;
+  gateway gw2(sys, topo2, "127.0.0.1", 0, peers);
   nginx_process nginx(upstream.port());
 
   std::string ids;
@@ -286,14 +339,28 @@ int run_gateway_bench(int rounds, double rate) {
   };
   std::vector<target> targets = {{"upstream directly", upstream.port(), body_ids},
                                  {"llmgw (token-id prompt)", gw.port(), body_ids},
-                                 {"llmgw (text prompt)", gw.port(), body_text}};
+                                 {"llmgw (text prompt)", gw.port(), body_text},
+                                 {"llmgw 2 threads (token-id prompt)", gw2.port(), body_ids}};
   if (nginx.port)
     targets.push_back({"nginx", nginx.port, body_ids});
   std::map<std::string, std::vector<double>> p50s, p99s, rps;
   std::map<std::string, std::size_t> failures;
+  // The proxy's own CPU time per request, in the open-loop run: what it
+  // costs, apart from how the machine's two cores were shared out.
+  std::map<std::string, std::vector<double>> cpu_per_request;
+  auto proxy_cpu_ns = [&](const target& t) -> std::uint64_t {
+    if (t.name == "nginx")
+      return children_cpu_ns(nginx.pid);
+    return t.name.rfind("llmgw", 0) == 0 ? llmgw_cpu_ns() : 0;
+  };
   for (int r = 0; r < rounds; ++r)
     for (const auto& t : targets) {
+      auto cpu_before = proxy_cpu_ns(t);
       auto open = run_load(t.port, t.body, rate, 8, 1500ms);
+      auto cpu_after = proxy_cpu_ns(t);
+      if (!open.latencies.empty())
+        cpu_per_request[t.name].push_back(static_cast<double>(cpu_after - cpu_before) * 1e-9
+                                          / static_cast<double>(open.latencies.size()));
       p50s[t.name].push_back(pct(open.latencies, 0.50));
       p99s[t.name].push_back(pct(open.latencies, 0.99));
       auto closed = run_load(t.port, t.body, 0, 8, 700ms);
@@ -304,17 +371,48 @@ int run_gateway_bench(int rounds, double rate) {
              "loop at {} req/s over 8 keep-alive connections, latency from when each request "
              "was due; closed loop over 8 connections for req/s)\n",
              rounds, rate, rate);
-  auto base50 = median(p50s["upstream directly"]);
-  auto base99 = median(p99s["upstream directly"]);
+  // Differences and ratios per round (the targets ran side by side in it),
+  // then their medians: steadier on a noisy machine than medians subtracted.
+  auto per_round = [&](const std::vector<double>& a, const std::vector<double>& b, auto op) {
+    std::vector<double> out;
+    for (std::size_t i = 0; i < a.size() && i < b.size(); ++i)
+      out.push_back(op(a[i], b[i]));
+    return median(out);
+  };
+  auto minus = [](double x, double y) { return x - y; };
+  auto ratio = [](double x, double y) { return y > 0 ? x / y : 0.0; };
+  const auto& base50 = p50s["upstream directly"];
+  const auto& base99 = p99s["upstream directly"];
   for (const auto& t : targets) {
     report(t.name + ": p50 / p99 latency", median(p50s[t.name]) * 1e6, "µs",
            fmt::format("{:.0f}", median(p99s[t.name]) * 1e6));
     if (t.name != "upstream directly")
-      report(t.name + ": added p50 / p99", (median(p50s[t.name]) - base50) * 1e6, "µs",
-             fmt::format("{:.0f}", (median(p99s[t.name]) - base99) * 1e6));
+      report(t.name + ": added p50 / p99", per_round(p50s[t.name], base50, minus) * 1e6, "µs",
+             fmt::format("{:.0f}", per_round(p99s[t.name], base99, minus) * 1e6));
     report(t.name + ": closed-loop requests/s", median(rps[t.name]), "req/s",
            failures[t.name] ? fmt::format("({} failed)", failures[t.name]) : "");
+    if (t.name != "upstream directly")
+      report(t.name + ": proxy CPU per request", median(cpu_per_request[t.name]) * 1e6, "µs");
   }
+  if (nginx.port)
+    for (const auto& t : targets) {
+      if (t.name.rfind("llmgw", 0) != 0)
+        continue;
+      std::vector<double> added50, added99, nginx50, nginx99;
+      for (std::size_t i = 0; i < base50.size(); ++i) {
+        added50.push_back(p50s[t.name][i] - base50[i]);
+        added99.push_back(p99s[t.name][i] - base99[i]);
+        nginx50.push_back(p50s["nginx"][i] - base50[i]);
+        nginx99.push_back(p99s["nginx"][i] - base99[i]);
+      }
+      report(t.name + " against nginx: added p50 / p99 difference",
+             per_round(added50, nginx50, minus) * 1e6, "µs",
+             fmt::format("{:.0f}", per_round(added99, nginx99, minus) * 1e6));
+      report(t.name + " against nginx: closed-loop requests/s ratio",
+             per_round(rps[t.name], rps["nginx"], ratio), "x");
+      report(t.name + " against nginx: proxy CPU per request ratio",
+             per_round(cpu_per_request[t.name], cpu_per_request["nginx"], ratio), "x");
+    }
   if (!nginx.port)
     fmt::print("nginx: not measured (/usr/sbin/nginx missing or did not start)\n");
   else if (failures["nginx"] > 0) {
@@ -324,9 +422,8 @@ int run_gateway_bench(int rounds, double rate) {
       fmt::print("nginx error.log: {}\n", line);
   }
   gw.stop();
-  for (const auto& a : {caf::actor_cast<caf::actor>(rt), caf::actor_cast<caf::actor>(ctl),
-                        caf::actor_cast<caf::actor>(tok)})
-    caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  gw2.stop();
+  stop_control_plane(peers);
   return 0;
 }
 

@@ -117,9 +117,14 @@ latency_result decision_latency(std::size_t replicas, std::size_t prompt_tokens,
 
 double updates_per_second(std::size_t replicas, int rounds) {
   std::mt19937_64 rng(7);
-  router_state st;
   auto topo = cluster_of(replicas);
-  st.core = std::make_unique<wire::router_core>(topo);
+  wire::locked_router shared(topo);
+  // As the router actor applies a change: holding the lock the gateway shares.
+  auto apply = [&shared](const replica_update& u, std::chrono::steady_clock::time_point at) {
+    shared.with([&](wire::router_core& core, wire::router_stats& stats) {
+      apply_update(core, stats, u, at);
+    });
+  };
   auto now = std::chrono::steady_clock::now();
   // Full copies first: 20k blocks per replica.
   std::vector<std::vector<wire::block_ref>> held(replicas);
@@ -130,7 +135,7 @@ double updates_per_second(std::size_t replicas, int rounds) {
     for (int i = 0; i < 20000; ++i)
       u.added.push_back({rng(), wire::medium::gpu});
     held[r] = u.added;
-    apply_update(st, u, now);
+    apply(u, now);
   }
   // Churn: each update replaces 16 of the replica's blocks by 16 new ones.
   const int per_round = 20000;
@@ -151,14 +156,14 @@ double updates_per_second(std::size_t replicas, int rounds) {
   for (int round = 0; round < rounds; ++round) {
     auto secs = time_once([&] {
       for (const auto& u : updates)
-        apply_update(st, u, now);
+        apply(u, now);
     });
     rates.push_back(per_round / secs);
     // Undo, so every round starts from the same index (not timed).
     for (auto it = updates.rbegin(); it != updates.rend(); ++it) {
       replica_update back = *it;
       std::swap(back.added, back.removed);
-      apply_update(st, back, now);
+      apply(back, now);
     }
   }
   return median(rates);

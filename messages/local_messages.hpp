@@ -8,7 +8,6 @@
 
 #include <caf/allowed_unsafe_message_type.hpp>
 
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,11 +27,6 @@ struct tokenize_reply {
   bool cached = false;
 };
 
-/// Where the router sends a decision without a reply message: the gateway
-/// routes from its HTTP threads, which are no actors (and a one-shot actor
-/// per request cost a spawn and a hop).
-using route_callback = std::shared_ptr<std::function<void(const wire::route_decision&)>>;
-
 /// Several decoded batches in seq order, as one message.
 using batch_list = std::shared_ptr<const std::vector<wire::event_batch>>;
 
@@ -45,4 +39,3 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmgw::batch_list)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmgw::wire::route_query)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmgw::wire::route_decision)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmgw::tokenize_reply)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmgw::route_callback)

@@ -72,6 +72,7 @@ struct route_decision {
   std::uint32_t prompt_chunks = 0;
   std::vector<replica_score> scores; ///< every candidate
   std::string error;                 ///< why there is no replica
+  double seconds = 0;                ///< time deciding took (not hashing)
 };
 
 /// Counters the router exports.

@@ -84,8 +84,8 @@ struct gateway_settings {
   std::size_t max_connections = 4096;
   std::uint32_t max_attempts = 3;            ///< replicas tried before giving up
   std::chrono::milliseconds down_for{10000}; ///< a failed replica is avoided this long
-  /// Gateway HTTP threads. One (the default) also runs the upstream calls:
-  /// no thread handoffs, the lowest added latency.
+  /// Gateway HTTP threads, each an event loop with its share of the
+  /// connections and its own upstream connections (as nginx's workers).
   std::size_t threads = 1;
 };
 

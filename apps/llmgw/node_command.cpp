@@ -114,12 +114,11 @@ int run_node(const wire::topology& topo_in, const std::string& name, std::size_t
     LLMGW_LOG(warning, who, "[tls] plaintext = true: nodes talk unencrypted (loopback only)");
   node_config cfg(*topo, *node, threads);
   caf::actor_system sys{cfg};
-  std::vector<caf::actor> control_actors;
+  gateway_peers control_plane;
   std::unique_ptr<gateway> gw;
   agent_handles agent;
   int exit_code = 0;
   if (node->roles.control) {
-    auto rt = sys.spawn(router, *topo);
     control_options opts;
     opts.node = name;
     opts.topo = topo;
@@ -135,20 +134,17 @@ int run_node(const wire::topology& topo_in, const std::string& name, std::size_t
           addrs.insert("unresolved:" + n.host); // never matches, keeps the check on
           opts.agent_addresses[n.name] = std::move(addrs);
         }
-    auto ctl = sys.spawn(control, opts, rt);
-    auto tok = sys.spawn(tokenizer, *topo);
-    control_actors = {caf::actor_cast<caf::actor>(ctl), caf::actor_cast<caf::actor>(rt),
-                      caf::actor_cast<caf::actor>(tok)};
-    auto published = topo->plaintext
-                       ? sys.middleman().publish(ctl, node->port, node->host.c_str(), true)
-                       : caf::openssl::publish(ctl, node->port, node->host.c_str(), true);
+    control_plane = spawn_control_plane(sys, opts);
+    const auto& peers = control_plane;
+    auto published =
+      topo->plaintext ? sys.middleman().publish(peers.control, node->port, node->host.c_str(), true)
+                      : caf::openssl::publish(peers.control, node->port, node->host.c_str(), true);
     if (!published) {
       LLMGW_LOG(error, who, "cannot listen for agents on {}:{}: {}", node->host, node->port,
                 sys.render(published.error()));
       exit_code = 1;
     } else {
-      gw = std::make_unique<gateway>(sys, topo, node->http_host, node->http_port,
-                                     gateway_peers{rt, ctl, tok});
+      gw = std::make_unique<gateway>(sys, topo, node->http_host, node->http_port, peers);
       if (gw->port() == 0) {
         LLMGW_LOG(error, who, "gateway: {}", gw->error());
         exit_code = 1;
@@ -173,8 +169,7 @@ int run_node(const wire::topology& topo_in, const std::string& name, std::size_t
   if (gw)
     gw->stop();
   stop_agent(agent);
-  for (const auto& a : control_actors)
-    caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  stop_control_plane(control_plane);
   return exit_code; // the actor system waits for every actor as it goes
 }
 

@@ -55,14 +55,21 @@ wire::topology cluster() {
 }
 
 struct control_test : llmgw::test::deterministic {
-  router_actor rt = stop_at_end(sys.spawn(router, cluster()));
+  std::shared_ptr<wire::locked_router> shared = std::make_shared<wire::locked_router>(cluster());
+  router_actor rt = stop_at_end(sys.spawn(router, shared));
   control_actor ctl = stop_at_end(sys.spawn(
     control, control_options{"control-1", std::make_shared<const wire::topology>(cluster()), {}, 4},
     rt));
 
-  router_state& router_st() {
-    auto* ptr = caf::actor_cast<caf::abstract_actor*>(rt);
-    return dynamic_cast<router_actor::stateful_pointer<router_state>>(ptr)->state;
+  // The router's state, read between steps of the deterministic scheduler
+  // (no other thread touches it then).
+  wire::router_core& core() {
+    return shared->with(
+      [](wire::router_core& c, wire::router_stats&) -> wire::router_core& { return c; });
+  }
+  wire::router_stats& stats() {
+    return shared->with(
+      [](wire::router_core&, wire::router_stats& s) -> wire::router_stats& { return s; });
   }
 
   control_state& control_st() {
@@ -103,13 +110,13 @@ struct control_test : llmgw::test::deterministic {
   }
 
   std::size_t blocks_of(const std::string& replica, std::uint32_t rank = 0) {
-    auto h = router_st().core->kv().find(replica, rank);
-    return h ? router_st().core->kv().blocks().count(*h) : 0;
+    auto h = core().kv().find(replica, rank);
+    return h ? core().kv().blocks().count(*h) : 0;
   }
 
   bool trusted(const std::string& replica) {
     std::vector<wire::holder_id> hs;
-    router_st().core->kv().trusted_holders(replica, hs);
+    core().kv().trusted_holders(replica, hs);
     return !hs.empty();
   }
 
@@ -144,7 +151,7 @@ TEST_F(control_test, updates_of_a_nodes_own_replicas_reach_the_router_and_are_ac
   ASSERT_EQ(a.log->acks.size(), 3u);
   EXPECT_EQ(a.log->acks.back().session, 11u);
   EXPECT_EQ(a.log->acks.back().seq, 3u);
-  EXPECT_EQ(router_st().stats.unexpected_updates, 1u) << "rank 1's change before its full copy";
+  EXPECT_EQ(stats().unexpected_updates, 1u) << "rank 1's change before its full copy";
 }
 
 TEST_F(control_test, a_node_cannot_speak_for_another_nodes_replicas) {
@@ -199,7 +206,7 @@ TEST_F(control_test, a_new_session_replaces_the_old_one) {
   EXPECT_EQ(refused("agent-a", "impostor"), 1u) << "the old forwarder no longer speaks for it";
   send(again, "a0", {4, 5});
   EXPECT_EQ(blocks_of("a0"), 2u);
-  auto& drops = router_st().stats.drops;
+  auto& drops = stats().drops;
   EXPECT_EQ((drops[{"a0", wire::drop_reason::session}]), 1u);
 }
 
@@ -214,7 +221,7 @@ TEST_F(control_test, an_agent_going_away_drops_its_replicas_at_once) {
   EXPECT_FALSE(trusted("a0")) << "tier 1 routes it until a new session";
   EXPECT_EQ(blocks_of("b0"), 1u) << "other nodes are untouched";
   EXPECT_EQ(control_st().sessions.count("agent-a"), 0u);
-  auto& drops = router_st().stats.drops;
+  auto& drops = stats().drops;
   EXPECT_EQ((drops[{"a0", wire::drop_reason::node_down}]), 1u);
   auto back = connect("agent-a", 3);
   send(back, "a0", {1, 2, 9});
@@ -242,6 +249,6 @@ TEST_F(control_test, the_router_answers_routes_from_what_the_agents_sent) {
   EXPECT_EQ(got->replica, "a0");
   EXPECT_EQ(got->tier, wire::route_tier::kv);
   EXPECT_DOUBLE_EQ(got->score, 0.75);
-  EXPECT_EQ(router_st().core->counters().decisions[0], 1u);
-  EXPECT_EQ(router_st().stats.matched_share_kv.count(), 1u);
+  EXPECT_EQ(core().counters().decisions[0], 1u);
+  EXPECT_EQ(stats().matched_share_kv.count(), 1u);
 }

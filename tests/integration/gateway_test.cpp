@@ -51,6 +51,13 @@ struct fake_engine {
         std::lock_guard<std::mutex> g(mtx);
         seen.push_back(req);
         respond.on_disconnect([this] { ++disconnects; });
+        if (req.target == "/tokenize") { // vLLM's shape; every prompt is 1..9
+          respond(http_reply{200,
+                             "application/json",
+                             R"({"count":9,"max_model_len":4096,"tokens":[1,2,3,4,5,6,7,8,9]})",
+                             {}});
+          return;
+        }
         switch (how.load()) {
         case mode::json:
           respond(http_reply{200,
@@ -93,6 +100,11 @@ struct fake_engine {
     return static_cast<std::size_t>(std::count_if(
       seen.begin(), seen.end(), [](const auto& r) { return r.target != "/tokenize"; }));
   }
+  std::size_t tokenize_calls() {
+    std::lock_guard<std::mutex> g(mtx);
+    return static_cast<std::size_t>(std::count_if(
+      seen.begin(), seen.end(), [](const auto& r) { return r.target == "/tokenize"; }));
+  }
 };
 
 struct gateway_test : ::testing::Test {
@@ -100,9 +112,7 @@ struct gateway_test : ::testing::Test {
   std::shared_ptr<wire::topology> topo = std::make_shared<wire::topology>();
   sys_config cfg;
   caf::actor_system sys{cfg};
-  router_actor rt;
-  control_actor ctl;
-  tokenizer_actor tok;
+  gateway_peers peers;
   std::unique_ptr<gateway> gw;
   http_client client;
 
@@ -133,18 +143,14 @@ struct gateway_test : ::testing::Test {
     dead.url = "http://127.0.0.1:1";
     a.engines.push_back(dead);
     topo->nodes.push_back(a);
-    rt = sys.spawn(router, *topo);
-    ctl = sys.spawn(control, control_options{"control-1", topo, {}, 64}, rt);
-    tok = sys.spawn(tokenizer, *topo);
-    gw = std::make_unique<gateway>(sys, topo, "127.0.0.1", 0, gateway_peers{rt, ctl, tok});
+    peers = spawn_control_plane(sys, control_options{"control-1", topo, {}, 64});
+    gw = std::make_unique<gateway>(sys, topo, "127.0.0.1", 0, peers);
     ASSERT_NE(gw->port(), 0) << gw->error();
   }
 
   void TearDown() override {
     gw->stop();
-    for (const auto& a : {caf::actor_cast<caf::actor>(rt), caf::actor_cast<caf::actor>(ctl),
-                          caf::actor_cast<caf::actor>(tok)})
-      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    stop_control_plane(peers);
   }
 
   std::string base() const { return "http://127.0.0.1:" + std::to_string(gw->port()); }
@@ -191,7 +197,7 @@ struct gateway_test : ::testing::Test {
     u.reset = true;
     for (const auto& b : h.hash(t))
       u.added.push_back({b.key, wire::medium::gpu});
-    caf::anon_send(rt, u);
+    caf::anon_send(peers.router, u);
   }
 
   json::value replicas() {
@@ -328,6 +334,26 @@ TEST_F(gateway_test, errors_are_openai_json_with_the_right_status) {
   client.request("GET", base(), "/v1/completions", "", 5s,
                  [&p](http_response r) { p.set_value(std::move(r)); });
   EXPECT_EQ(p.get_future().get().status, 405);
+}
+
+TEST_F(gateway_test, a_text_prompt_seen_before_is_not_tokenized_again) {
+  const std::string body = R"({"model": "m", "prompt": "the same words", "max_tokens": 4})";
+  hold("e1", 0, {1, 2, 3, 4, 5, 6, 7, 8});
+  std::this_thread::sleep_for(50ms);
+  for (int i = 0; i < 3; ++i) {
+    auto a = post("/v1/completions", body);
+    EXPECT_EQ(a.status, 200) << a.body;
+    EXPECT_NE(a.headers.find("x-llmgw-tier: kv"), std::string::npos)
+      << "request " << i << " was hashed from the engine's tokens: " << a.headers;
+  }
+  EXPECT_EQ(e0.tokenize_calls() + e1.tokenize_calls(), 1u) << "then from the cache";
+  std::promise<http_response> p;
+  client.request("GET", base(), "/metrics", "", 5s,
+                 [&p](http_response r) { p.set_value(std::move(r)); });
+  auto metrics = p.get_future().get().body;
+  EXPECT_NE(metrics.find("llmgw_tokenize_cache_hits_total 2\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("llmgw_tokenize_cache_misses_total 1\n"), std::string::npos);
+  EXPECT_NE(metrics.find("llmgw_tokenize_cache_entries 1\n"), std::string::npos);
 }
 
 TEST_F(gateway_test, finished_requests_leave_no_load_behind) {

@@ -1,0 +1,184 @@
+// State a control node's gateway shares with its actors: the router's
+// (wire::locked_router) and the tokenizer's cache (wire::token_cache).
+#include "wire/block_hash.hpp"
+#include "wire/locked_router.hpp"
+#include "wire/token_cache.hpp"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+using namespace llmgw::wire;
+using namespace std::chrono_literals;
+
+namespace {
+
+topology two_replicas() {
+  topology t;
+  t.block_size = 4;
+  node_spec a;
+  a.name = "agent-a";
+  a.roles.agent = true;
+  for (int i = 0; i < 2; ++i) {
+    engine_spec e;
+    e.replica = "r" + std::to_string(i);
+    e.model = "llama";
+    e.url = "http://127.0.0.1:800" + std::to_string(i);
+    e.kv_events = true;
+    a.engines.push_back(e);
+  }
+  t.nodes.push_back(a);
+  return t;
+}
+
+route_query text_query(const std::string& text, bool dry_run = false) {
+  route_query q;
+  q.model = "llama";
+  q.chunks = chunk_hashes(text, 8);
+  q.dry_run = dry_run;
+  return q;
+}
+
+std::uint32_t outstanding(locked_router& lr, const std::string& replica) {
+  return lr.with([&](const router_core& core, const router_stats&) {
+    for (const auto& r : core.replicas())
+      if (r.name == replica)
+        return r.outstanding;
+    ADD_FAILURE() << "no replica " << replica;
+    return 0u;
+  });
+}
+
+} // namespace
+
+TEST(locked_router, record_remembers_the_prompt_and_counts_the_decision) {
+  locked_router lr(two_replicas());
+  std::string text(64, 'p');
+  auto q = text_query(text);
+  auto first = lr.decide(q);
+  ASSERT_FALSE(first.replica.empty());
+  EXPECT_EQ(first.tier, route_tier::load);
+  lr.record(q, first);
+  lr.finished(first.replica);
+  auto again = lr.decide(q);
+  EXPECT_EQ(again.tier, route_tier::approx) << "tier 1 knows the prompt now";
+  EXPECT_EQ(again.replica, first.replica);
+  EXPECT_EQ(
+    lr.with([](const router_core&, const router_stats& s) { return s.decision_seconds.count(); }),
+    1u);
+}
+
+TEST(locked_router, a_dry_run_is_neither_remembered_nor_counted) {
+  locked_router lr(two_replicas());
+  std::string text(64, 'q');
+  auto dry = text_query(text, true);
+  auto d = lr.decide(dry);
+  lr.record(dry, d);
+  EXPECT_EQ(outstanding(lr, d.replica), 0u);
+  EXPECT_EQ(lr.decide(text_query(text)).tier, route_tier::load) << "no tier-1 trace";
+  EXPECT_EQ(
+    lr.with([](const router_core&, const router_stats& s) { return s.decision_seconds.count(); }),
+    0u);
+}
+
+TEST(locked_router, load_is_counted_until_finished_and_down_replicas_are_avoided) {
+  locked_router lr(two_replicas());
+  auto a = lr.decide(text_query(""));
+  auto b = lr.decide(text_query(""));
+  EXPECT_NE(a.replica, b.replica) << "the least loaded goes next";
+  EXPECT_EQ(outstanding(lr, a.replica), 1u);
+  lr.finished(a.replica);
+  lr.finished(b.replica);
+  EXPECT_EQ(outstanding(lr, a.replica), 0u);
+  EXPECT_EQ(outstanding(lr, b.replica), 0u);
+  lr.mark_down("r0", 60s);
+  for (int i = 0; i < 4; ++i) {
+    auto d = lr.decide(text_query(""));
+    EXPECT_EQ(d.replica, "r1");
+    lr.finished(d.replica);
+  }
+}
+
+TEST(locked_router, updates_and_decisions_from_two_threads_leave_consistent_state) {
+  locked_router lr(two_replicas());
+  const int n = 20000;
+  std::atomic<bool> done{false};
+  std::thread updater([&] {
+    std::vector<block_ref> blocks;
+    std::uint64_t epoch = 0;
+    while (!done.load()) {
+      blocks.assign({{1, medium::gpu}, {2, medium::gpu}, {epoch + 3, medium::gpu}});
+      ++epoch;
+      lr.with([&](router_core& core, router_stats&) {
+        core.kv().apply({"r0", 0, epoch, true, parity_state::verified, &blocks, nullptr},
+                        std::chrono::steady_clock::now());
+      });
+    }
+  });
+  int by_kv = 0;
+  for (int i = 0; i < n; ++i) {
+    route_query q;
+    q.model = "llama";
+    q.tokenized = true;
+    q.keys = {1, 2};
+    auto d = lr.decide(q);
+    ASSERT_FALSE(d.replica.empty());
+    lr.record(q, d);
+    lr.finished(d.replica);
+    by_kv += d.tier == route_tier::kv;
+  }
+  done = true;
+  updater.join();
+  EXPECT_EQ(outstanding(lr, "r0"), 0u);
+  EXPECT_EQ(outstanding(lr, "r1"), 0u);
+  auto counted = lr.with([](const router_core& core, const router_stats&) {
+    const auto& c = core.counters().decisions;
+    return c[0] + c[1] + c[2] + c[3];
+  });
+  EXPECT_EQ(counted, static_cast<std::uint64_t>(n));
+  EXPECT_GT(by_kv, 0) << "r0's blocks were seen while the updater ran";
+}
+
+TEST(token_cache, holds_what_was_inserted_and_counts_lookups_only) {
+  token_cache c(8);
+  auto k = token_cache::key("llama", R"({"prompt":"hi"})");
+  std::vector<std::uint32_t> out;
+  EXPECT_FALSE(c.lookup(k, out));
+  c.insert(k, {5, 6, 7});
+  EXPECT_TRUE(c.peek(k, out));
+  EXPECT_TRUE(c.lookup(k, out));
+  EXPECT_EQ(out, (std::vector<std::uint32_t>{5, 6, 7}));
+  auto s = c.stats();
+  EXPECT_EQ(s.hits, 1u);
+  EXPECT_EQ(s.misses, 1u) << "peek is not counted";
+  EXPECT_EQ(s.entries, 1u);
+}
+
+TEST(token_cache, the_key_tells_models_and_bodies_apart) {
+  auto k = token_cache::key("llama", "body");
+  EXPECT_NE(k, token_cache::key("qwen", "body"));
+  EXPECT_NE(k, token_cache::key("llama", "body "));
+  EXPECT_EQ(k, token_cache::key("llama", "body"));
+}
+
+TEST(token_cache, the_least_recently_used_goes_first) {
+  token_cache c(2);
+  std::vector<std::uint32_t> out;
+  c.insert(1, {1});
+  c.insert(2, {2});
+  EXPECT_TRUE(c.lookup(1, out)) << "1 is now the most recent";
+  c.insert(3, {3});
+  EXPECT_TRUE(c.peek(1, out));
+  EXPECT_FALSE(c.peek(2, out)) << "evicted";
+  EXPECT_TRUE(c.peek(3, out));
+  EXPECT_EQ(c.stats().entries, 2u);
+}
+
+TEST(token_cache, capacity_zero_holds_nothing) {
+  token_cache c(0);
+  std::vector<std::uint32_t> out;
+  c.insert(1, {1});
+  EXPECT_FALSE(c.lookup(1, out));
+  EXPECT_EQ(c.stats().entries, 0u);
+}
