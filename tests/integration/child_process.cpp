@@ -2,7 +2,6 @@
 
 #include <cerrno>
 #include <csignal>
-#include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
 #include <poll.h>
@@ -10,9 +9,31 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+extern char** environ;
+
 namespace llmgw::test {
 
 child_process::child_process(const std::vector<std::string>& argv) {
+  // Node processes stopped by a signal moments after connecting to each
+  // other trip over a leak inside CAF (scripts/lsan-nodes.supp says which).
+  // The environment is built here: between fork and exec in a process with
+  // threads, only async-signal-safe calls (no setenv, no malloc).
+  std::vector<std::string> env;
+  bool has_lsan = false;
+  for (char** e = environ; *e; ++e) {
+    env.emplace_back(*e);
+    has_lsan = has_lsan || env.back().rfind("LSAN_OPTIONS=", 0) == 0;
+  }
+  if (!has_lsan)
+    env.emplace_back("LSAN_OPTIONS=suppressions=" LLMGW_SOURCE_DIR "/scripts/lsan-nodes.supp");
+  std::vector<char*> envp;
+  for (auto& e : env)
+    envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::vector<char*> args;
+  for (const auto& a : argv)
+    args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
   int in[2];
   int out[2];
   int err[2];
@@ -27,14 +48,7 @@ child_process::child_process(const std::vector<std::string>& argv) {
     dup2(err[1], 2);
     for (int fd : {in[0], in[1], out[0], out[1], err[0], err[1]})
       close(fd);
-    // Node processes stopped by a signal moments after connecting to each
-    // other trip over a leak inside CAF (scripts/lsan-nodes.supp says which).
-    setenv("LSAN_OPTIONS", "suppressions=" LLMGW_SOURCE_DIR "/scripts/lsan-nodes.supp", 0);
-    std::vector<char*> args;
-    for (const auto& a : argv)
-      args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
+    execve(args[0], args.data(), envp.data());
     _exit(127);
   }
   close(in[0]);
