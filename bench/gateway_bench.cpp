@@ -283,7 +283,7 @@ http {{
 
 } // namespace
 
-int run_gateway_bench(int rounds, double rate) {
+int run_gateway_bench(int rounds, double rate, const std::string& only) {
   // The upstream: answers at once.
   const std::string answer =
     R"({"id":"cmpl-1","object":"text_completion","created":1,"model":"m",)"
@@ -343,6 +343,11 @@ int run_gateway_bench(int rounds, double rate) {
                                  {"llmgw 2 threads (token-id prompt)", gw2.port(), body_ids}};
   if (nginx.port)
     targets.push_back({"nginx", nginx.port, body_ids});
+  if (!only.empty())
+    targets.erase(
+      std::remove_if(targets.begin() + 1, targets.end(),
+                     [&](const target& t) { return t.name.find(only) == std::string::npos; }),
+      targets.end());
   std::map<std::string, std::vector<double>> p50s, p99s, rps;
   std::map<std::string, std::size_t> failures;
   // The proxy's own CPU time per request, in the open-loop run: what it
@@ -394,7 +399,7 @@ int run_gateway_bench(int rounds, double rate) {
     if (t.name != "upstream directly")
       report(t.name + ": proxy CPU per request", median(cpu_per_request[t.name]) * 1e6, "µs");
   }
-  if (nginx.port)
+  if (nginx.port && !p50s["nginx"].empty())
     for (const auto& t : targets) {
       if (t.name.rfind("llmgw", 0) != 0)
         continue;

@@ -47,7 +47,11 @@ int main(int argc, char** argv) {
     ->check(CLI::Range(1, 1000))
     ->capture_default_str();
   gw->add_option("--rate", rate, "open-loop requests per second")->capture_default_str();
-  gw->callback([&] { exit_code = llmgw::bench::run_gateway_bench(rounds, rate); });
+  std::string only;
+  gw->add_option("--only", only,
+                 "run only the targets whose name contains this (to profile one; the upstream "
+                 "always runs, as the baseline)");
+  gw->callback([&] { exit_code = llmgw::bench::run_gateway_bench(rounds, rate, only); });
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

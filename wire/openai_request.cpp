@@ -1,6 +1,8 @@
 #include "wire/openai_request.hpp"
 
 #include <boost/json.hpp>
+
+#include <array>
 #include <fmt/format.h>
 
 namespace llmgw::wire {
@@ -80,7 +82,12 @@ result<routing_request> parse_routing_request(std::string_view body,
   json::parse_options po;
   po.max_depth = 64;
   boost::system::error_code ec;
-  auto doc = json::parse(body, ec, {}, po);
+  // The document lives only in this call: a monotonic resource over a
+  // per-thread buffer allocates it without malloc (a 512-token prompt is
+  // 512 values) and frees it at once (no per-value destructors).
+  thread_local std::array<unsigned char, 64 * 1024> scratch;
+  json::monotonic_resource arena(scratch.data(), scratch.size());
+  auto doc = json::parse(body, ec, &arena, po);
   if (ec)
     return bad(errc::bad_type, "the body is not JSON: " + ec.message());
   if (!doc.is_object())
