@@ -85,7 +85,7 @@ result<routing_request> parse_routing_request(std::string_view body,
   // The document lives only in this call: a monotonic resource over a
   // per-thread buffer allocates it without malloc (a 512-token prompt is
   // 512 values) and frees it at once (no per-value destructors).
-  thread_local std::array<unsigned char, 64 * 1024> scratch;
+  thread_local std::array<unsigned char, std::size_t{64} * 1024> scratch;
   json::monotonic_resource arena(scratch.data(), scratch.size());
   auto doc = json::parse(body, ec, &arena, po);
   if (ec)
