@@ -149,9 +149,15 @@ struct sim_process {
                  out.body += d;
                },
                [&](const std::string& e) {
-                 std::lock_guard<std::mutex> g(mtx);
-                 out.error = e;
-                 p.set_value(out);
+                 // Copied under the lock, handed over after it: once the
+                 // promise is set, this function returns and `mtx` is gone.
+                 http_response done;
+                 {
+                   std::lock_guard<std::mutex> g(mtx);
+                   out.error = e;
+                   done = out;
+                 }
+                 p.set_value(std::move(done));
                }});
     return p.get_future().get();
   }
