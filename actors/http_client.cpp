@@ -6,6 +6,7 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
@@ -150,8 +151,9 @@ public:
                  const std::vector<std::pair<std::string, std::string>>& headers,
                  std::chrono::milliseconds connect_timeout, std::chrono::milliseconds timeout,
                  http_call_handlers handlers)
-    : io_(io), pool_(std::move(pool)), resolver_(io.get_executor()), host_(std::move(host)),
-      port_(std::move(port)), key_(host_ + ":" + port_), connect_timeout_(connect_timeout),
+    : io_(io), pool_(std::move(pool)), resolver_(io.get_executor()),
+      deadline_timer_(io.get_executor()), host_(std::move(host)), port_(std::move(port)),
+      key_(host_ + ":" + port_), connect_timeout_(connect_timeout),
       deadline_(std::chrono::steady_clock::now() + timeout), handlers_(std::move(handlers)) {
     req_.method(method);
     req_.target(target);
@@ -166,6 +168,23 @@ public:
   }
 
   void start() {
+    // One timer for the whole call, armed before any operation starts (this
+    // may run on another thread than the loop): Beast's per-operation expiry
+    // would arm and cancel a timer for every read and write.
+    std::weak_ptr<streaming_call> weak = shared_from_this();
+    deadline_timer_.expires_at(deadline_);
+    deadline_timer_.async_wait([weak](const beast::error_code& ec) {
+      auto self = weak.lock();
+      if (ec || !self || self->done_)
+        return;
+      self->timed_out_ = true;
+      self->resolver_.cancel();
+      if (self->stream_) {
+        beast::error_code ignored;
+        self->stream_->socket().shutdown(tcp::socket::shutdown_both, ignored);
+        self->stream_->socket().close(ignored);
+      }
+    });
     stream_ = pool_->take(key_);
     if (stream_) {
       reused_ = true;
@@ -210,7 +229,7 @@ private:
   std::string describe(const char* what, const beast::error_code& ec) const {
     if (cancelled_)
       return "cancelled";
-    if (ec == beast::error::timeout)
+    if (timed_out_ || ec == beast::error::timeout)
       return std::string(what) + ": timed out";
     return std::string(what) + ": " + ec.message();
   }
@@ -218,7 +237,7 @@ private:
   /// A pooled connection the upstream closed meanwhile fails at once: that
   /// is no failure of the request, so a fresh connection gets it.
   bool retry_fresh(const beast::error_code& ec) {
-    if (!reused_ || got_head_ || cancelled_ || ec == beast::error::timeout)
+    if (!reused_ || got_head_ || cancelled_ || timed_out_ || ec == beast::error::timeout)
       return false;
     connect();
     return true;
@@ -226,7 +245,7 @@ private:
 
   void write() {
     auto self = shared_from_this();
-    stream_->expires_at(deadline_);
+    stream_->expires_never(); // the call's deadline timer bounds it
     http::async_write(*stream_, req_, [self](beast::error_code ec, std::size_t) {
       if (ec) {
         if (self->retry_fresh(ec))
@@ -281,6 +300,7 @@ private:
     if (done_)
       return;
     done_ = true;
+    deadline_timer_.cancel();
     bool reusable = error.empty() && parser_ && parser_->is_done() && parser_->keep_alive()
                     && buffer_.size() == 0 && !cancelled_;
     if (reusable) {
@@ -297,6 +317,7 @@ private:
   asio::io_context& io_;
   std::shared_ptr<connection_pool> pool_;
   tcp::resolver resolver_;
+  asio::steady_timer deadline_timer_;
   std::unique_ptr<beast::tcp_stream> stream_;
   std::string host_;
   std::string port_;
@@ -311,6 +332,7 @@ private:
   bool reused_ = false;
   bool got_head_ = false;
   bool cancelled_ = false;
+  bool timed_out_ = false;
   bool done_ = false;
 };
 

@@ -533,6 +533,39 @@ TEST(http_client, cancelling_a_call_reaches_the_server_as_a_disconnect) {
     << "the upstream sees its client leave and can stop generating";
 }
 
+TEST(http_client, a_call_ends_at_its_deadline_before_or_during_the_answer) {
+  silent_server silent;
+  http_client client;
+  auto url = "http://127.0.0.1:" + std::to_string(silent.server.port());
+  call_log quiet;
+  auto start = std::chrono::steady_clock::now();
+  client.call("POST", url, "/", "{}", {}, 1000ms, 200ms, quiet.handlers());
+  auto done = quiet.done.get_future();
+  ASSERT_EQ(done.wait_for(5s), std::future_status::ready);
+  EXPECT_EQ(done.get(), "read: timed out");
+  EXPECT_EQ(quiet.status, 0) << "no head: a proxy may try elsewhere";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+
+  // An answer that starts and then stalls ends at the same deadline.
+  std::mutex mtx;
+  std::vector<http_responder> held;
+  http_server stalling("127.0.0.1", 0, 1, {}, [&](http_request&&, http_responder respond) {
+    auto s = respond.stream(200, "text/event-stream");
+    s.write("data: first\n\n");
+    std::lock_guard<std::mutex> g(mtx);
+    held.push_back(respond);
+  });
+  call_log stalled;
+  client.call("GET", "http://127.0.0.1:" + std::to_string(stalling.port()), "/", "", {}, 1000ms,
+              300ms, stalled.handlers());
+  auto ended = stalled.done.get_future();
+  ASSERT_EQ(ended.wait_for(5s), std::future_status::ready);
+  EXPECT_EQ(ended.get(), "read: timed out");
+  EXPECT_EQ(stalled.status, 200);
+  EXPECT_EQ(stalled.joined(), "data: first\n\n");
+  stalling.stop();
+}
+
 TEST(http_client, a_refused_call_reports_before_any_head) {
   http_client client;
   call_log log;
