@@ -238,13 +238,8 @@ void gateway::handle(http_request&& req, http_responder respond) {
       return;
     // The router's and the gateway's own parts are read here; the control
     // actor's come by message.
-    auto text = peers_.shared_router->with(
-      [](const wire::router_core& core, const wire::router_stats& stats) {
-        wire::metrics_text m;
-        wire::append_router_metrics(m, core, stats, std::chrono::steady_clock::now());
-        return m.str();
-      });
     wire::metrics_text m;
+    peers_.shared_router->append_metrics(m);
     stats_->append(m);
     const auto& counters = server_->counters();
     m.counter("llmgw_http_requests_total", "HTTP requests read by the gateway.",
@@ -270,9 +265,8 @@ void gateway::handle(http_request&& req, http_responder respond) {
               static_cast<double>(cache.misses));
     m.gauge("llmgw_tokenize_cache_entries", "Tokenizations held in the cache.",
             static_cast<double>(cache.entries));
-    text += m.str();
     auto control = peers_.control;
-    sys_.spawn([control, respond, text = std::move(text)](caf::event_based_actor* self) {
+    sys_.spawn([control, respond, text = m.str()](caf::event_based_actor* self) {
       self->request(control, std::chrono::seconds(5), metrics_atom::value)
         .then(
           [respond, text](const std::string& control_text) {
@@ -287,10 +281,7 @@ void gateway::handle(http_request&& req, http_responder respond) {
   }
   if (path == "/v1/kv/replicas") {
     if (method_is("GET"))
-      respond(json_reply(200, peers_.shared_router->with([](const wire::router_core& core,
-                                                            const wire::router_stats& stats) {
-        return wire::kv_replicas_json(core, stats, std::chrono::steady_clock::now());
-      })));
+      respond(json_reply(200, peers_.shared_router->kv_replicas_json()));
     return;
   }
   if (path == "/v1/completions" || path == "/v1/chat/completions") {

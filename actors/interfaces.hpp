@@ -28,7 +28,6 @@ using refused_atom = caf::atom_constant<caf::atom("refused")>;
 using drop_atom = caf::atom_constant<caf::atom("drop")>;
 using route_atom = caf::atom_constant<caf::atom("route")>;
 using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
-using kv_atom = caf::atom_constant<caf::atom("kv")>;
 using tokenize_atom = caf::atom_constant<caf::atom("tokenize")>;
 using tokenized_atom = caf::atom_constant<caf::atom("tokenized")>;
 
@@ -88,11 +87,8 @@ using router_actor = caf::typed_actor<
   caf::reacts_to<drop_atom, std::string, std::uint8_t>,
   // Decide where a request goes (and remember it). The node's own gateway
   // decides through the shared wire::locked_router instead, on its thread.
-  caf::replies_to<route_atom, wire::route_query>::with<wire::route_decision>,
-  // Prometheus text of the router's metrics.
-  caf::replies_to<metrics_atom>::with<std::string>,
-  // JSON of what the index holds per replica (/v1/kv/replicas).
-  caf::replies_to<kv_atom>::with<std::string>>;
+  // Its metrics and /v1/kv/replicas are read from that shared state too.
+  caf::replies_to<route_atom, wire::route_query>::with<wire::route_decision>>;
 
 /// Tokenizes prompts through the engines' /tokenize, with a cache.
 using tokenizer_actor = caf::typed_actor<

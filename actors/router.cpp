@@ -64,18 +64,6 @@ router_actor::behavior_type router(router_actor::stateful_pointer<router_state> 
       lr.record(q, d);
       return d;
     },
-    [&lr](metrics_atom) {
-      return lr.with([](const wire::router_core& core, const wire::router_stats& stats) {
-        wire::metrics_text m;
-        wire::append_router_metrics(m, core, stats, std::chrono::steady_clock::now());
-        return m.str();
-      });
-    },
-    [&lr](kv_atom) {
-      return lr.with([](const wire::router_core& core, const wire::router_stats& stats) {
-        return wire::kv_replicas_json(core, stats, std::chrono::steady_clock::now());
-      });
-    },
   };
 }
 

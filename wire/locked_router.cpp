@@ -38,4 +38,14 @@ void locked_router::mark_down(const std::string& replica, std::chrono::milliseco
   core_.mark_down(replica, std::chrono::steady_clock::now() + how_long);
 }
 
+void locked_router::append_metrics(metrics_text& out) {
+  std::lock_guard<std::mutex> g(mtx_);
+  append_router_metrics(out, core_, stats_, std::chrono::steady_clock::now());
+}
+
+std::string locked_router::kv_replicas_json() {
+  std::lock_guard<std::mutex> g(mtx_);
+  return wire::kv_replicas_json(core_, stats_, std::chrono::steady_clock::now());
+}
+
 } // namespace llmgw::wire

@@ -1,6 +1,6 @@
 // The router's state where two threads reach it: the router actor applies
-// the agents' changes and answers reports, and the gateway of the same node
-// decides on its HTTP thread. Before this, every request crossed to the
+// the agents' changes, and the gateway of the same node decides and reports
+// on its HTTP thread. Before this, every request crossed to the
 // router actor's thread and back (and again to report it finished); those
 // hand-offs were most of what the gateway added to a request's latency
 // (BENCHMARKS.md). Every access holds one mutex, for microseconds.
@@ -33,7 +33,13 @@ public:
   /// Avoid `replica` for `how_long` (it refused or failed a request).
   void mark_down(const std::string& replica, std::chrono::milliseconds how_long);
 
-  /// Runs `f(core, stats)` holding the lock; for updates and reports.
+  /// Appends the router's metrics (append_router_metrics), holding the lock.
+  void append_metrics(metrics_text& out);
+
+  /// /v1/kv/replicas (kv_replicas_json), holding the lock.
+  std::string kv_replicas_json();
+
+  /// Runs `f(core, stats)` holding the lock; for updates.
   template <class F>
   decltype(auto) with(F&& f) {
     std::lock_guard<std::mutex> g(mtx_);
