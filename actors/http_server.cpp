@@ -6,20 +6,26 @@
 #include "wire/openai_request.hpp"
 
 #include <boost/asio/dispatch.hpp>
-#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
-#include <boost/asio/strand.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/string.hpp>
+#include <boost/beast/http/error.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/status.hpp>
+#include <boost/beast/http/string_body.hpp>
 
+#include <algorithm>
+#include <array>
+#include <cstdio>
 #include <deque>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <thread>
-#include <unordered_map>
 
 namespace llmgw {
 
@@ -42,19 +48,34 @@ constexpr std::size_t max_stream_backlog = 8u << 20;
 /// Pipelined bytes kept while an answer is pending.
 constexpr std::size_t max_pipelined = 1u << 20;
 
+/// Every loop runs one thread: a connection's handlers never race, and its
+/// socket needs no strand. The executor is named, not type-erased: Asio's
+/// any_io_executor costs a copy and a destroy per operation.
+using executor = asio::io_context::executor_type;
+using socket_type = tcp::socket::rebind_executor<executor>::other;
+using clock = std::chrono::steady_clock;
+
 class session;
+
+/// The connections of one loop, whose deadlines one timer checks: a timer
+/// per read and write (Beast's tcp_stream) costs more than the reads.
+struct loop_sessions {
+  explicit loop_sessions(asio::io_context& io) : io(io), sweep(io) {}
+  asio::io_context& io;
+  asio::steady_timer sweep;
+  std::vector<std::weak_ptr<session>> sessions; ///< the loop's thread only
+};
 
 /// What sessions share with the server. A responder may be called after the
 /// server stopped (an actor answering late), so it holds only a weak
-/// reference to its session: while a session waits for its answer, `waiting`
-/// owns it, and stop() releases those while the io_context still exists.
+/// reference to its session; `alive` says whether its loop may still be
+/// posted to.
 struct shared_state {
   http_server_limits limits;
   http_handler handler;
   http_server_counters counters;
   std::mutex mtx;
-  bool alive = true; ///< guarded by mtx: the io_context may still be posted to
-  std::unordered_map<const void*, std::shared_ptr<session>> waiting; ///< guarded by mtx
+  bool alive = true; ///< guarded by mtx
 };
 
 } // namespace
@@ -72,9 +93,11 @@ struct http_exchange {
   std::mutex mtx;
   std::vector<std::function<void()>> on_gone; ///< guarded by mtx
 
-  /// Runs `f` on the session's executor, if the server and session still exist.
+  /// Runs `f` on the session's loop: at once when called there (the
+  /// gateway's upstream answers on the same thread), else posted; false if
+  /// the server or the session is gone.
   template <class F>
-  bool post(F f);
+  bool run(F f);
 
   void client_went_away() {
     if (gone.exchange(true))
@@ -96,6 +119,7 @@ struct http_server::impl {
   std::uint16_t port = 0;
   std::string error;
   std::vector<std::shared_ptr<io_loop>> loops;
+  std::vector<std::shared_ptr<loop_sessions>> slots; ///< one per loop
   std::size_t next_loop = 0; ///< where the next connection goes (the acceptor's thread only)
   std::unique_ptr<tcp::acceptor> acceptor;
   std::atomic<bool> stopped{false};
@@ -106,16 +130,53 @@ struct http_server::impl {
 
 namespace {
 
+/// "HTTP/1.1 200 OK\r\nServer: llmgw\r\n" and the handler's headers, minus
+/// any that would break the framing this server does itself. A name or value
+/// with CR or LF would split the head: such a header is left out.
+void append_head(std::string& out, int status, const std::string& content_type,
+                 const std::vector<std::pair<std::string, std::string>>& headers) {
+  auto reason = http::obsolete_reason(static_cast<http::status>(status));
+  out += "HTTP/1.1 ";
+  out += std::to_string(status);
+  out += ' ';
+  out.append(reason.data(), reason.size());
+  out += "\r\nServer: llmgw\r\nContent-Type: ";
+  out += content_type;
+  out += "\r\n";
+  auto clean = [](const std::string& s) { return s.find_first_of("\r\n") == std::string::npos; };
+  for (const auto& [k, v] : headers) {
+    if (k.empty() || !clean(k) || !clean(v) || beast::iequals(k, "content-length")
+        || beast::iequals(k, "transfer-encoding") || beast::iequals(k, "connection")
+        || beast::iequals(k, "content-type") || beast::iequals(k, "server"))
+      continue;
+    out += k;
+    out += ": ";
+    out += v;
+    out += "\r\n";
+  }
+}
+
 class session : public std::enable_shared_from_this<session> {
 public:
-  session(tcp::socket socket, std::shared_ptr<shared_state> srv)
-    : stream_(std::move(socket)), srv_(std::move(srv)) {
+  session(socket_type socket, std::shared_ptr<shared_state> srv, loop_sessions* slot)
+    : socket_(std::move(socket)), srv_(std::move(srv)), slot_(slot) {
     ++srv_->counters.open;
     ++srv_->counters.connections;
   }
   ~session() { --srv_->counters.open; }
 
-  void start() { read(); }
+  /// On the session's loop: joins the loop's deadline checks (the server
+  /// and its loops exist while it accepts).
+  void enroll() {
+    slot_->sessions.push_back(weak_from_this());
+    slot_ = nullptr; // not needed again; the server may go first
+  }
+
+  void start() {
+    beast::error_code ignored; // latency matters more than packet count
+    socket_.set_option(tcp::no_delay(true), ignored);
+    read();
+  }
 
   /// Answers with `status` and closes: for connections over the cap.
   void refuse(int status, const std::string& message) {
@@ -126,40 +187,39 @@ public:
     write_whole(std::move(r));
   }
 
-  // -- called on the session's executor by responders and streams ----------
+  /// The loop's deadline check: closes the connection if its deadline passed.
+  void check_deadline(clock::time_point now) {
+    if (closed_ || now < deadline_)
+      return;
+    ++srv_->counters.timeouts;
+    close(); // the pending operation ends with operation_aborted
+  }
+
+  // -- called on the session's loop by responders and streams --------------
 
   void write_whole(http_reply r) {
-    auto res = std::make_shared<http::response<http::string_body>>();
-    res->result(static_cast<unsigned>(r.status));
-    res->version(11);
-    res->set(http::field::server, "llmgw");
-    res->set(http::field::content_type, r.content_type);
-    for (auto& [k, v] : r.headers)
-      res->set(k, v);
-    res->body() = std::move(r.body);
-    res->keep_alive(keep_alive_);
-    res->prepare_payload();
-    stream_.expires_after(srv_->limits.read_timeout);
+    head_.clear();
+    append_head(head_, r.status, r.content_type, r.headers);
+    head_ += "Content-Length: ";
+    head_ += std::to_string(r.body.size());
+    head_ += keep_alive_ ? "\r\n\r\n" : "\r\nConnection: close\r\n\r\n";
+    body_ = std::move(r.body);
+    deadline_ = clock::now() + srv_->limits.read_timeout;
     auto self = shared_from_this();
-    http::async_write(stream_, *res,
-                      [self, res](beast::error_code ec, std::size_t) { self->answer_done(!ec); });
+    std::array<asio::const_buffer, 2> out{asio::buffer(head_), asio::buffer(body_)};
+    asio::async_write(socket_, out, [self](beast::error_code ec, std::size_t) {
+      self->deadline_ = clock::time_point::max();
+      self->answer_done(!ec);
+    });
   }
 
   void begin_stream(int status, const std::string& content_type,
                     const std::vector<std::pair<std::string, std::string>>& headers) {
-    auto res = std::make_unique<http::response<http::empty_body>>();
-    res->result(static_cast<unsigned>(status));
-    res->version(11);
-    res->set(http::field::server, "llmgw");
-    res->set(http::field::content_type, content_type);
-    res->set(http::field::cache_control, "no-cache");
-    for (auto& [k, v] : headers)
-      res->set(k, v);
-    res->keep_alive(keep_alive_);
-    res->chunked(true);
-    stream_res_ = std::move(res);
-    stream_sr_ = std::make_unique<http::response_serializer<http::empty_body>>(*stream_res_);
-    queue_.push_back({piece::header, {}});
+    std::string head;
+    append_head(head, status, content_type, headers);
+    head += "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n";
+    head += keep_alive_ ? "\r\n" : "Connection: close\r\n\r\n";
+    queue_.push_back({piece::header, std::move(head)});
     pump();
   }
 
@@ -171,16 +231,34 @@ public:
   }
 
   void stream_end() {
-    queue_.push_back({piece::last, {}});
+    queue_.push_back({piece::last, "0\r\n\r\n"});
     pump();
   }
 
-  /// The session's executor: a strand when its loop runs on several threads.
-  auto executor() { return stream_.get_executor(); }
+  executor get_executor() { return socket_.get_executor(); }
 
   /// Drops the connection mid-answer.
   void abort() {
     answer_complete_ = true;
+    release();
+    close();
+  }
+
+  /// A streamed answer's client stopped reading: it is treated as gone.
+  void stalled() {
+    if (closed_)
+      return;
+    ++srv_->counters.disconnects;
+    auto x = exchange_;
+    release();
+    close();
+    if (x)
+      x->client_went_away();
+  }
+
+  /// When the server stops (its loops stopped): lets go of a session that
+  /// waits for an answer and closes its socket while the loop still exists.
+  void shut() {
     release();
     close();
   }
@@ -197,29 +275,25 @@ private:
     parser_.emplace();
     parser_->body_limit(srv_->limits.max_body_bytes);
     parser_->header_limit(static_cast<std::uint32_t>(srv_->limits.max_header_bytes));
-    stream_.expires_after(srv_->limits.idle_timeout);
+    deadline_ = clock::now() + srv_->limits.idle_timeout;
     auto self = shared_from_this();
-    http::async_read_header(stream_, buffer_, *parser_,
+    http::async_read_header(socket_, buffer_, *parser_,
                             [self](beast::error_code ec, std::size_t) { self->on_header(ec); });
   }
 
   void on_header(beast::error_code ec) {
     if (ec)
       return on_error(ec);
-    stream_.expires_after(srv_->limits.read_timeout);
+    deadline_ = clock::now() + srv_->limits.read_timeout;
     auto self = shared_from_this();
-    http::async_read(stream_, buffer_, *parser_,
+    http::async_read(socket_, buffer_, *parser_,
                      [self](beast::error_code ec2, std::size_t) { self->on_body(ec2); });
   }
 
   void on_error(const beast::error_code& ec) {
-    if (ec == http::error::end_of_stream || ec == asio::error::eof
+    if (closed_ || ec == http::error::end_of_stream || ec == asio::error::eof
         || ec == asio::error::connection_reset || ec == asio::error::operation_aborted)
       return close();
-    if (ec == beast::error::timeout) {
-      ++srv_->counters.timeouts;
-      return close();
-    }
     http_reply r;
     if (ec == http::error::body_limit) {
       ++srv_->counters.too_large;
@@ -257,15 +331,13 @@ private:
     keep_alive_ = msg.keep_alive();
     // The handler may answer much later (an actor, an upstream engine): no
     // deadline while the connection waits, but a watch for the client going.
-    stream_.expires_never();
+    // The session owns itself until the answer is out (or the server stops).
+    deadline_ = clock::time_point::max();
     auto self = shared_from_this();
+    keep_ = self;
     exchange_ = std::make_shared<detail::http_exchange>();
     exchange_->owner = self;
     exchange_->srv = srv_;
-    {
-      std::lock_guard<std::mutex> g(srv_->mtx);
-      srv_->waiting[this] = self;
-    }
     answer_complete_ = false;
     watch();
     http_responder respond(exchange_);
@@ -282,29 +354,35 @@ private:
   }
 
   /// Reads while an answer is pending: EOF or an error means the client is
-  /// gone; bytes are a pipelined next request, kept for later.
+  /// gone; bytes are a pipelined next request, kept for later. Once the
+  /// answer is out, the watch's bytes start the next request: a keep-alive
+  /// client's next request costs no extra read.
   void watch() {
     watching_ = true;
     auto self = shared_from_this();
-    stream_.socket().async_read_some(
-      buffer_.prepare(4096),
-      [self](beast::error_code ec, std::size_t n) { self->on_watch(ec, n); });
+    socket_.async_read_some(buffer_.prepare(4096),
+                            [self](beast::error_code ec, std::size_t n) { self->on_watch(ec, n); });
   }
 
   void on_watch(beast::error_code ec, std::size_t n) {
     watching_ = false;
+    if (closed_)
+      return;
     if (!ec) {
       buffer_.commit(n);
-      if (resume_after_watch_)
-        return resume();
-      if (!answer_complete_ && buffer_.size() < max_pipelined)
+      if (answer_complete_)
+        return read(); // the next request has begun
+      if (buffer_.size() < max_pipelined)
         return watch();
       return; // stop watching a client that floods; the answer continues
     }
-    if (resume_after_watch_ && ec == asio::error::operation_aborted)
-      return resume();
-    if (answer_complete_ || closed_)
-      return;
+    if (answer_complete_) {
+      if (ec == asio::error::operation_aborted)
+        return read(); // cancelled: the buffer holds the next request
+      if (ec == asio::error::eof || ec == asio::error::connection_reset)
+        return close(); // the client closed between requests
+      return on_error(ec);
+    }
     ++srv_->counters.disconnects;
     auto x = exchange_;
     release();
@@ -337,16 +415,15 @@ private:
         return self->answer_done(true);
       self->pump();
     };
-    switch (front.what) {
-    case piece::header:
-      http::async_write_header(stream_, *stream_sr_, done);
-      break;
-    case piece::chunk:
-      asio::async_write(stream_, http::make_chunk(asio::buffer(front.data)), done);
-      break;
-    case piece::last:
-      asio::async_write(stream_, http::make_chunk_last(), done);
-      break;
+    if (front.what == piece::chunk) {
+      char size[24];
+      auto len = std::snprintf(size, sizeof size, "%zx\r\n", front.data.size());
+      chunk_size_.assign(size, static_cast<std::size_t>(len));
+      std::array<asio::const_buffer, 3> out{asio::buffer(chunk_size_), asio::buffer(front.data),
+                                            asio::buffer("\r\n", 2)};
+      asio::async_write(socket_, out, done);
+    } else {
+      asio::async_write(socket_, asio::buffer(front.data), done);
     }
   }
 
@@ -358,66 +435,102 @@ private:
       std::lock_guard<std::mutex> g(exchange_->mtx);
       exchange_->on_gone.clear();
     }
-    stream_sr_.reset();
-    stream_res_.reset();
+    body_.clear();
     release();
     if (!ok || !keep_alive_)
       return close();
     if (watching_) {
-      // Let the watch read finish first: two reads at once are not allowed.
-      resume_after_watch_ = true;
-      beast::error_code ignored;
-      stream_.socket().cancel(ignored);
-      return;
+      exchange_.reset();
+      deadline_ = clock::now() + srv_->limits.idle_timeout;
+      if (buffer_.size() > 0) {
+        // A pipelined request waits in the buffer: end the watch (two reads
+        // at once are not allowed); its handler then reads.
+        beast::error_code ignored;
+        socket_.cancel(ignored);
+      }
+      return; // else the watch's read goes on: its bytes are the next request
     }
-    resume();
-  }
-
-  void resume() {
-    resume_after_watch_ = false;
     read();
   }
 
-  /// Ends the server's ownership of this session (it was waiting).
-  void release() {
-    std::lock_guard<std::mutex> g(srv_->mtx);
-    srv_->waiting.erase(this);
-  }
+  /// Ends the session's ownership of itself (it was waiting).
+  void release() { keep_.reset(); }
 
   void close() {
+    if (closed_)
+      return;
     closed_ = true;
     beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
-    stream_.socket().close(ignored);
+    socket_.shutdown(tcp::socket::shutdown_both, ignored);
+    socket_.close(ignored);
   }
 
-  beast::tcp_stream stream_;
+  socket_type socket_;
   std::shared_ptr<shared_state> srv_;
+  loop_sessions* slot_;
+  std::shared_ptr<session> keep_; ///< set while an answer is pending
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   std::shared_ptr<detail::http_exchange> exchange_;
+  clock::time_point deadline_ = clock::time_point::max();
+  std::string head_;       ///< a whole answer's head, while it is written
+  std::string body_;       ///< and its body
+  std::string chunk_size_; ///< the chunk being written's size line
   bool keep_alive_ = true;
   bool watching_ = false;
-  bool resume_after_watch_ = false;
   bool answer_complete_ = true;
   bool closed_ = false;
   bool writing_ = false;
   std::deque<queued> queue_;
-  std::unique_ptr<http::response<http::empty_body>> stream_res_;
-  std::unique_ptr<http::response_serializer<http::empty_body>> stream_sr_;
 };
+
+/// Checks the deadlines of a loop's sessions every `period`, and forgets
+/// sessions that are gone.
+void sweep(const std::shared_ptr<loop_sessions>& slot, std::chrono::milliseconds period) {
+  slot->sweep.expires_after(period);
+  slot->sweep.async_wait(
+    [weak = std::weak_ptr<loop_sessions>(slot), period](const beast::error_code& ec) {
+      auto s = weak.lock();
+      if (ec || !s)
+        return;
+      auto now = clock::now();
+      auto& v = s->sessions;
+      v.erase(std::remove_if(v.begin(), v.end(),
+                             [now](const std::weak_ptr<session>& w) {
+                               auto live = w.lock();
+                               if (!live)
+                                 return true;
+                               live->check_deadline(now);
+                               return false;
+                             }),
+              v.end());
+      sweep(s, period);
+    });
+}
+
+/// How often deadlines are checked: a tenth of the shortest, within 10 ms
+/// and 1 s (a deadline is met within that much).
+std::chrono::milliseconds sweep_period(const http_server_limits& limits) {
+  auto shortest = std::min(limits.read_timeout, limits.idle_timeout);
+  return std::clamp<std::chrono::milliseconds>(shortest / 10, std::chrono::milliseconds(10),
+                                               std::chrono::milliseconds(1000));
+}
 
 } // namespace
 
 namespace detail {
 
 template <class F>
-bool http_exchange::post(F f) {
-  std::lock_guard<std::mutex> g(srv->mtx);
-  auto s = owner.lock();
-  if (!srv->alive || !s)
-    return false; // the server stopped, or the connection is gone
-  asio::post(s->executor(), [s, f = std::move(f)]() mutable { f(*s); });
+bool http_exchange::run(F f) {
+  std::shared_ptr<session> s;
+  {
+    std::lock_guard<std::mutex> g(srv->mtx);
+    s = owner.lock();
+    if (!srv->alive || !s)
+      return false; // the server stopped, or the connection is gone
+  }
+  // dispatch runs `f` here when this thread runs the session's loop.
+  asio::dispatch(s->get_executor(), [s, f = std::move(f)]() mutable { f(*s); });
   return true;
 }
 
@@ -426,13 +539,13 @@ bool http_exchange::post(F f) {
 void http_responder::operator()(http_reply r) const {
   if (x_->answered.exchange(true))
     return; // answered already: a bug in a handler, but never two answers
-  x_->post([r = std::move(r)](session& s) mutable { s.write_whole(std::move(r)); });
+  x_->run([r = std::move(r)](session& s) mutable { s.write_whole(std::move(r)); });
 }
 
 http_stream http_responder::stream(int status, const std::string& content_type,
                                    std::vector<std::pair<std::string, std::string>> headers) const {
   if (!x_->answered.exchange(true))
-    x_->post([status, content_type, headers = std::move(headers)](session& s) {
+    x_->run([status, content_type, headers = std::move(headers)](session& s) {
       s.begin_stream(status, content_type, headers);
     });
   else
@@ -455,25 +568,30 @@ bool http_stream::write(std::string data) const {
   if (x_->gone || x_->ended)
     return false;
   if (x_->backlog + data.size() > max_stream_backlog) {
-    // The client stopped reading: stop producing for it.
-    x_->client_went_away();
+    // The client stopped reading: stop producing for it. The disconnect
+    // callbacks run later, on the session's loop: the caller may hold a lock
+    // they take.
+    auto s = x_->owner.lock();
+    if (s)
+      asio::post(s->get_executor(), [s] { s->stalled(); });
+    else
+      x_->gone = true;
     return false;
   }
   x_->backlog += data.size();
-  return x_->post(
-    [data = std::move(data)](session& s) mutable { s.stream_write(std::move(data)); });
+  return x_->run([data = std::move(data)](session& s) mutable { s.stream_write(std::move(data)); });
 }
 
 void http_stream::end() const {
   if (x_->ended.exchange(true))
     return;
-  x_->post([](session& s) { s.stream_end(); });
+  x_->run([](session& s) { s.stream_end(); });
 }
 
 void http_stream::abort() const {
   if (x_->ended.exchange(true))
     return;
-  x_->post([](session& s) { s.abort(); });
+  x_->run([](session& s) { s.abort(); });
 }
 
 bool http_stream::client_gone() const {
@@ -481,38 +599,53 @@ bool http_stream::client_gone() const {
 }
 
 void http_server::impl::accept() {
-  // One thread runs a loop: its handlers are serialized already, a strand
-  // would only cost. More threads: each connection gets a strand.
-  auto& target = *loops[next_loop++ % loops.size()];
-  auto executor = target.threads() == 1 ? asio::any_io_executor(target.get().io.get_executor())
-                                        : asio::any_io_executor(asio::make_strand(target.get().io));
-  acceptor->async_accept(executor, [this](beast::error_code ec, tcp::socket socket) {
-    if (stopped)
-      return;
-    if (!ec) {
-      auto s = std::make_shared<session>(std::move(socket), shared);
-      // On the session's own loop from its first step.
-      asio::dispatch(s->executor(), [s, srv = shared] {
-        if (srv->counters.open > srv->limits.max_connections) {
-          ++srv->counters.rejected_connections;
-          s->refuse(503, "too many open connections");
-        } else {
-          s->start();
-        }
-      });
-    }
-    accept();
-  });
+  auto i = next_loop++ % loops.size();
+  auto& target = loops[i]->get().io;
+  acceptor->async_accept(
+    target.get_executor(), [this, i](beast::error_code ec, socket_type socket) {
+      if (stopped)
+        return;
+      if (!ec) {
+        auto s = std::make_shared<session>(std::move(socket), shared, slots[i].get());
+        // On the session's own loop from its first step.
+        asio::dispatch(s->get_executor(), [s, srv = shared] {
+          s->enroll();
+          if (srv->counters.open > srv->limits.max_connections) {
+            ++srv->counters.rejected_connections;
+            s->refuse(503, "too many open connections");
+          } else {
+            s->start();
+          }
+        });
+      }
+      accept();
+    });
 }
+
+namespace {
+
+std::vector<std::shared_ptr<io_loop>> single_thread_loops(std::size_t n) {
+  std::vector<std::shared_ptr<io_loop>> loops;
+  for (std::size_t i = 0; i < std::max<std::size_t>(n, 1); ++i)
+    loops.push_back(std::make_shared<io_loop>(1));
+  return loops;
+}
+
+} // namespace
 
 http_server::http_server(const std::string& host, std::uint16_t port, std::size_t threads,
                          http_server_limits limits, http_handler handler)
-  : http_server(host, port, {std::make_shared<io_loop>(threads)}, limits, std::move(handler)) {}
+  : http_server(host, port, single_thread_loops(threads), limits, std::move(handler)) {}
 
 http_server::http_server(const std::string& host, std::uint16_t port,
                          std::vector<std::shared_ptr<io_loop>> loops, http_server_limits limits,
                          http_handler handler)
   : impl_(std::make_shared<impl>()) {
+  if (loops.empty())
+    throw std::invalid_argument("http_server needs at least one loop");
+  for (const auto& l : loops)
+    if (l->threads() != 1)
+      throw std::invalid_argument("http_server needs loops with one thread each");
   impl_->loops = std::move(loops);
   impl_->acceptor = std::make_unique<tcp::acceptor>(impl_->io());
   impl_->shared->limits = limits;
@@ -536,6 +669,17 @@ http_server::http_server(const std::string& host, std::uint16_t port,
     return;
   }
   impl_->port = impl_->acceptor->local_endpoint().port();
+  auto period = sweep_period(limits);
+  for (const auto& l : impl_->loops) {
+    impl_->slots.push_back(std::make_shared<loop_sessions>(l->get().io));
+    // Armed on its loop: a timer is used by one thread at a time.
+    // Held weakly: a handler left queued when the loop stops must not keep
+    // a timer past its io_context.
+    asio::post(l->get().io, [weak = std::weak_ptr<loop_sessions>(impl_->slots.back()), period] {
+      if (auto slot = weak.lock())
+        sweep(slot, period);
+    });
+  }
   impl_->accept();
 }
 
@@ -551,19 +695,24 @@ http_server::~http_server() {
 void http_server::stop() {
   if (impl_->stopped.exchange(true))
     return;
-  std::unordered_map<const void*, std::shared_ptr<session>> waiting;
   {
     std::lock_guard<std::mutex> g(impl_->shared->mtx);
     impl_->shared->alive = false;
-    waiting.swap(impl_->shared->waiting);
   }
   for (const auto& loop : impl_->loops)
     loop->stop(); // a shared loop stops for its other users too
-  // No thread runs the io_context now: close the listening socket here, so
-  // new connections are refused rather than accepted and never served.
+  // No thread runs the loops now: close the listening socket here, so new
+  // connections are refused rather than accepted and never served; close
+  // every connection and drop the timers while their io_contexts exist.
   beast::error_code ignored;
   impl_->acceptor->close(ignored);
-  waiting.clear(); // sessions close their sockets while the io_context exists
+  for (const auto& slot : impl_->slots) {
+    for (const auto& w : slot->sessions)
+      if (auto s = w.lock())
+        s->shut();
+    slot->sessions.clear();
+    slot->sweep.cancel();
+  }
 }
 
 std::uint16_t http_server::port() const noexcept {

@@ -12,7 +12,7 @@ namespace {
 thread_local io_loop* running = nullptr;
 } // namespace
 
-io_loop::io_loop(std::size_t threads, const char* name) : impl_(std::make_unique<impl>()) {
+io_loop::io_loop(std::size_t threads, const char* name) : impl_(std::make_unique<impl>(threads)) {
   for (std::size_t i = 0; i < std::max<std::size_t>(threads, 1); ++i) {
     impl_->threads.emplace_back([this, io = &impl_->io] {
       running = this;

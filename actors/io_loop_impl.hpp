@@ -13,6 +13,9 @@
 namespace llmgw {
 
 struct io_loop::impl {
+  /// One thread: Asio then queues handlers posted from that thread without
+  /// taking the scheduler's lock.
+  explicit impl(std::size_t threads) : io(threads == 1 ? 1 : BOOST_ASIO_CONCURRENCY_HINT_SAFE) {}
   boost::asio::io_context io;
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work{io.get_executor()};
   std::vector<std::thread> threads;
