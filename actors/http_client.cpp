@@ -3,6 +3,7 @@
 #include "actors/io_loop_impl.hpp"
 
 #include <boost/asio/connect.hpp>
+#include <boost/asio/dispatch.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -10,6 +11,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <array>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -115,14 +117,19 @@ private:
   http::response_parser<http::string_body> parser_;
 };
 
+/// Connections run on the client's one-thread loop, with its executor named
+/// rather than type-erased (any_io_executor costs per operation).
+using executor = asio::io_context::executor_type;
+using socket_type = tcp::socket::rebind_executor<executor>::other;
+
 /// Idle keep-alive connections to upstreams, by "host:port": a proxied
 /// request need not pay a TCP connect.
 struct connection_pool {
   static constexpr std::size_t max_idle_per_host = 64;
   std::mutex mtx;
-  std::map<std::string, std::vector<std::unique_ptr<beast::tcp_stream>>> idle;
+  std::map<std::string, std::vector<std::unique_ptr<socket_type>>> idle;
 
-  std::unique_ptr<beast::tcp_stream> take(const std::string& key) {
+  std::unique_ptr<socket_type> take(const std::string& key) {
     std::lock_guard<std::mutex> g(mtx);
     auto it = idle.find(key);
     if (it == idle.end() || it->second.empty())
@@ -132,7 +139,7 @@ struct connection_pool {
     return s;
   }
 
-  void give(const std::string& key, std::unique_ptr<beast::tcp_stream> s) {
+  void give(const std::string& key, std::unique_ptr<socket_type> s) {
     std::lock_guard<std::mutex> g(mtx);
     auto& list = idle[key];
     if (list.size() < max_idle_per_host)
@@ -140,115 +147,157 @@ struct connection_pool {
   }
 };
 
+/// Headers a request must not carry twice or from the caller: this client
+/// frames the request itself.
+bool framing_header(const std::string& name) {
+  for (const char* h : {"host", "content-length", "transfer-encoding", "connection"})
+    if (beast::iequals(name, h))
+      return true;
+  return false;
+}
+
 /// A streamed call: head first, then the body as it arrives. It uses an idle
 /// pooled connection when there is one (trying a fresh one if that turns
 /// out closed before any response byte) and gives its connection back when
-/// the response ended cleanly.
+/// the response ended cleanly. Everything after start() runs on the loop.
 class streaming_call : public http_call, public std::enable_shared_from_this<streaming_call> {
 public:
-  streaming_call(asio::io_context& io, std::shared_ptr<connection_pool> pool, http::verb method,
+  streaming_call(asio::io_context& io, std::shared_ptr<connection_pool> pool, std::string method,
                  std::string host, std::string port, const std::string& target, std::string body,
                  const std::vector<std::pair<std::string, std::string>>& headers,
                  std::chrono::milliseconds connect_timeout, std::chrono::milliseconds timeout,
                  http_call_handlers handlers)
-    : io_(io), pool_(std::move(pool)), resolver_(io.get_executor()),
-      deadline_timer_(io.get_executor()), host_(std::move(host)), port_(std::move(port)),
-      key_(host_ + ":" + port_), connect_timeout_(connect_timeout),
-      deadline_(std::chrono::steady_clock::now() + timeout), handlers_(std::move(handlers)) {
-    req_.method(method);
-    req_.target(target);
-    req_.version(11);
-    req_.set(http::field::host, key_);
-    req_.set(http::field::user_agent, "llmgw");
-    for (auto& [k, v] : headers)
-      req_.set(k, v);
-    req_.body() = std::move(body);
-    req_.keep_alive(true);
-    req_.prepare_payload();
+    : io_(io), pool_(std::move(pool)), deadline_timer_(io), host_(std::move(host)),
+      port_(std::move(port)), key_(host_ + ":" + port_), connect_timeout_(connect_timeout),
+      deadline_(std::chrono::steady_clock::now() + timeout), handlers_(std::move(handlers)),
+      body_(std::move(body)) {
+    // The head by hand: Beast's message would allocate a node per field
+    // and serialize them again.
+    head_.reserve(128 + target.size());
+    head_ += method;
+    head_ += ' ';
+    head_ += target;
+    head_ += " HTTP/1.1\r\nHost: ";
+    head_ += key_;
+    head_ += "\r\n";
+    bool agent = false; // the caller's User-Agent goes on; else llmgw's
+    auto clean = [](const std::string& x) { return x.find_first_of("\r\n") == std::string::npos; };
+    for (const auto& [k, v] : headers) {
+      if (k.empty() || !clean(k) || !clean(v) || framing_header(k))
+        continue;
+      agent = agent || beast::iequals(k, "user-agent");
+      head_ += k;
+      head_ += ": ";
+      head_ += v;
+      head_ += "\r\n";
+    }
+    if (!agent)
+      head_ += "User-Agent: llmgw\r\n";
+    head_ += "Content-Length: ";
+    head_ += std::to_string(body_.size());
+    head_ += "\r\n\r\n";
   }
 
   void start() {
-    // One timer for the whole call, armed before any operation starts (this
-    // may run on another thread than the loop): Beast's per-operation expiry
-    // would arm and cancel a timer for every read and write.
+    auto self = shared_from_this();
+    asio::dispatch(io_.get_executor(), [self] { self->begin(); });
+  }
+
+  void cancel() override {
+    auto self = shared_from_this();
+    asio::dispatch(io_.get_executor(), [self] {
+      self->cancelled_ = true;
+      self->drop_socket();
+    });
+  }
+
+private:
+  /// On the loop: arms the call's one timer (Beast's per-operation expiry
+  /// would arm and cancel one for every read and write), then writes on an
+  /// idle connection or connects.
+  void begin() {
+    if (cancelled_)
+      return finish("cancelled");
+    stream_ = pool_->take(key_);
+    if (stream_) {
+      reused_ = true;
+      arm(deadline_);
+      return write();
+    }
+    connect();
+  }
+
+  /// The timer fires at `when`: the socket and resolver are closed, and the
+  /// operation in progress ends as timed out.
+  void arm(std::chrono::steady_clock::time_point when) {
     std::weak_ptr<streaming_call> weak = shared_from_this();
-    deadline_timer_.expires_at(deadline_);
+    deadline_timer_.expires_at(when);
     deadline_timer_.async_wait([weak](const beast::error_code& ec) {
       auto self = weak.lock();
       if (ec || !self || self->done_)
         return;
       self->timed_out_ = true;
-      self->resolver_.cancel();
-      if (self->stream_) {
-        beast::error_code ignored;
-        self->stream_->socket().shutdown(tcp::socket::shutdown_both, ignored);
-        self->stream_->socket().close(ignored);
-      }
+      if (self->resolver_)
+        self->resolver_->cancel();
+      self->drop_socket();
     });
-    stream_ = pool_->take(key_);
-    if (stream_) {
-      reused_ = true;
-      auto self = shared_from_this();
-      asio::post(stream_->get_executor(), [self] { self->write(); });
+  }
+
+  void drop_socket() {
+    if (!stream_)
       return;
-    }
-    connect();
+    beast::error_code ignored;
+    stream_->shutdown(tcp::socket::shutdown_both, ignored);
+    stream_->close(ignored);
   }
 
-  void cancel() override {
-    auto self = shared_from_this();
-    asio::post(resolver_.get_executor(), [self] {
-      self->cancelled_ = true;
-      if (!self->stream_)
-        return;
-      beast::error_code ignored;
-      self->stream_->socket().shutdown(tcp::socket::shutdown_both, ignored);
-      self->stream_->socket().close(ignored);
-    });
-  }
-
-private:
   void connect() {
     reused_ = false;
-    stream_ = std::make_unique<beast::tcp_stream>(io_.get_executor());
+    stream_ = std::make_unique<socket_type>(io_.get_executor());
+    if (!resolver_)
+      resolver_.emplace(io_.get_executor());
+    arm(std::min(deadline_, std::chrono::steady_clock::now() + connect_timeout_));
     auto self = shared_from_this();
-    stream_->expires_after(connect_timeout_);
-    resolver_.async_resolve(
+    resolver_->async_resolve(
       host_, port_, [self](beast::error_code ec, const tcp::resolver::results_type& rs) {
         if (ec)
-          return self->finish("resolve: " + ec.message());
-        self->stream_->async_connect(rs, [self](beast::error_code ec2, const tcp::endpoint&) {
-          if (ec2)
-            return self->finish(self->describe("connect", ec2));
-          self->stream_->socket().set_option(tcp::no_delay(true));
-          self->write();
-        });
+          return self->finish(self->timed_out_ ? "resolve: timed out" : "resolve: " + ec.message());
+        asio::async_connect(*self->stream_, rs,
+                            [self](beast::error_code ec2, const tcp::endpoint&) {
+                              if (ec2)
+                                return self->finish(self->describe("connect", ec2));
+                              beast::error_code ignored;
+                              self->stream_->set_option(tcp::no_delay(true), ignored);
+                              self->arm(self->deadline_); // the connect timeout is over
+                              self->write();
+                            });
       });
   }
 
   std::string describe(const char* what, const beast::error_code& ec) const {
     if (cancelled_)
       return "cancelled";
-    if (timed_out_ || ec == beast::error::timeout)
+    if (timed_out_)
       return std::string(what) + ": timed out";
     return std::string(what) + ": " + ec.message();
   }
 
   /// A pooled connection the upstream closed meanwhile fails at once: that
   /// is no failure of the request, so a fresh connection gets it.
-  bool retry_fresh(const beast::error_code& ec) {
-    if (!reused_ || got_head_ || cancelled_ || timed_out_ || ec == beast::error::timeout)
+  bool retry_fresh() {
+    if (!reused_ || got_head_ || cancelled_ || timed_out_)
       return false;
+    deadline_timer_.cancel();
     connect();
     return true;
   }
 
   void write() {
     auto self = shared_from_this();
-    stream_->expires_never(); // the call's deadline timer bounds it
-    http::async_write(*stream_, req_, [self](beast::error_code ec, std::size_t) {
+    std::array<asio::const_buffer, 2> out{asio::buffer(head_), asio::buffer(body_)};
+    asio::async_write(*stream_, out, [self](beast::error_code ec, std::size_t) {
       if (ec) {
-        if (self->retry_fresh(ec))
+        if (self->retry_fresh())
           return;
         return self->finish(self->describe("write", ec));
       }
@@ -258,7 +307,7 @@ private:
       http::async_read_header(*self->stream_, self->buffer_, *self->parser_,
                               [self](beast::error_code ec2, std::size_t) {
                                 if (ec2) {
-                                  if (self->retry_fresh(ec2))
+                                  if (self->retry_fresh())
                                     return;
                                   return self->finish(self->describe("read", ec2));
                                 }
@@ -304,11 +353,10 @@ private:
     bool reusable = error.empty() && parser_ && parser_->is_done() && parser_->keep_alive()
                     && buffer_.size() == 0 && !cancelled_;
     if (reusable) {
-      stream_->expires_never();
       pool_->give(key_, std::move(stream_));
     } else if (stream_) {
       beast::error_code ignored;
-      stream_->socket().shutdown(tcp::socket::shutdown_both, ignored);
+      stream_->shutdown(tcp::socket::shutdown_both, ignored);
     }
     if (handlers_.on_done)
       handlers_.on_done(error);
@@ -316,16 +364,17 @@ private:
 
   asio::io_context& io_;
   std::shared_ptr<connection_pool> pool_;
-  tcp::resolver resolver_;
+  std::optional<tcp::resolver> resolver_; ///< only when connecting
   asio::steady_timer deadline_timer_;
-  std::unique_ptr<beast::tcp_stream> stream_;
+  std::unique_ptr<socket_type> stream_;
   std::string host_;
   std::string port_;
   std::string key_;
   std::chrono::milliseconds connect_timeout_;
   std::chrono::steady_clock::time_point deadline_;
   http_call_handlers handlers_;
-  http::request<http::string_body> req_;
+  std::string head_;
+  std::string body_;
   beast::flat_buffer buffer_;
   std::optional<http::response_parser<http::buffer_body>> parser_;
   char chunk_[16384];
@@ -384,13 +433,13 @@ http_client::call(const std::string& method, const std::string& base_url, const 
                   std::chrono::milliseconds connect_timeout, std::chrono::milliseconds timeout,
                   http_call_handlers handlers) {
   std::string host, port;
-  auto verb = http::string_to_verb(method);
-  if (!split_http_url(base_url, host, port) || verb == http::verb::unknown) {
+  if (!split_http_url(base_url, host, port)
+      || http::string_to_verb(method) == http::verb::unknown) {
     if (handlers.on_done)
       handlers.on_done("not an http://HOST:PORT URL or HTTP method: " + base_url + " " + method);
     return nullptr;
   }
-  auto c = std::make_shared<streaming_call>(impl_->io(), impl_->pool, verb, std::move(host),
+  auto c = std::make_shared<streaming_call>(impl_->io(), impl_->pool, method, std::move(host),
                                             std::move(port), target, std::move(body), headers,
                                             connect_timeout, timeout, std::move(handlers));
   c->start();
