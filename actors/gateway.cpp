@@ -90,7 +90,7 @@ wire::route_query make_query(const wire::topology& topo, const wire::routing_req
 /// Decides on this thread against the shared router state, hands the
 /// decision on, then records it (which need not delay the request).
 void decide_here(const gateway_peers& peers, const wire::route_query& q,
-                 const std::function<void(wire::route_decision)>& done) {
+                 const std::function<void(const wire::route_decision&)>& done) {
   auto d = peers.shared_router->decide(q);
   done(d);
   peers.shared_router->record(q, d);
@@ -118,9 +118,9 @@ void stop_control_plane(const gateway_peers& peers) {
 }
 
 void route_flow(caf::actor_system& sys, const gateway_peers& peers,
-                const std::shared_ptr<const wire::topology>& topo, wire::routing_request req,
-                bool dry_run, std::function<void(wire::route_decision)> done,
-                std::vector<std::string> exclude) {
+                const std::shared_ptr<const wire::topology>& topo, const wire::routing_request& req,
+                bool dry_run, std::function<void(const wire::route_decision&)> done,
+                const std::vector<std::string>& exclude) {
   if (req.token_ids) {
     decide_here(peers, make_query(*topo, req, dry_run, &*req.token_ids, -1, exclude), done);
     return;
@@ -132,27 +132,27 @@ void route_flow(caf::actor_system& sys, const gateway_peers& peers,
     decide_here(peers, make_query(*topo, req, dry_run, &tokens, 0, exclude), done);
     return;
   }
-  sys.spawn([peers, topo, req = std::move(req), dry_run, done = std::move(done),
-             exclude = std::move(exclude)](caf::event_based_actor* self) {
-    auto timeout = topo->router.tokenize_timeout + std::chrono::milliseconds(200);
-    self->request(peers.tokenizer, timeout, tokenize_atom::value, req.model, req.tokenize_body)
-      .then(
-        [peers, topo, req, dry_run, done, exclude](const tokenize_reply& r) {
-          // Failed tokenization is not fatal: tier 1 routes the request.
-          decide_here(peers,
-                      make_query(*topo, req, dry_run, r.ok ? &r.tokens : nullptr,
-                                 r.cached ? 0.0 : r.seconds, exclude),
-                      done);
-        },
-        [peers, topo, req, dry_run, done, exclude](const caf::error&) {
-          decide_here(
-            peers,
-            make_query(*topo, req, dry_run, nullptr,
-                       std::chrono::duration<double>(topo->router.tokenize_timeout).count(),
-                       exclude),
-            done);
-        });
-  });
+  sys.spawn(
+    [peers, topo, req, dry_run, done = std::move(done), exclude](caf::event_based_actor* self) {
+      auto timeout = topo->router.tokenize_timeout + std::chrono::milliseconds(200);
+      self->request(peers.tokenizer, timeout, tokenize_atom::value, req.model, req.tokenize_body)
+        .then(
+          [peers, topo, req, dry_run, done, exclude](const tokenize_reply& r) {
+            // Failed tokenization is not fatal: tier 1 routes the request.
+            decide_here(peers,
+                        make_query(*topo, req, dry_run, r.ok ? &r.tokens : nullptr,
+                                   r.cached ? 0.0 : r.seconds, exclude),
+                        done);
+          },
+          [peers, topo, req, dry_run, done, exclude](const caf::error&) {
+            decide_here(
+              peers,
+              make_query(*topo, req, dry_run, nullptr,
+                         std::chrono::duration<double>(topo->router.tokenize_timeout).count(),
+                         exclude),
+              done);
+          });
+    });
 }
 
 gateway::gateway(caf::actor_system& sys, std::shared_ptr<const wire::topology> topo,
@@ -301,11 +301,10 @@ void gateway::handle(http_request&& req, http_responder respond) {
       respond(error_reply(400, "BadRequestError", parsed.err().message));
       return;
     }
-    route_flow(sys_, peers_, topo_, std::move(*parsed), true,
-               [respond](const wire::route_decision& d) {
-                 int status = d.replica.empty() ? 404 : 200;
-                 respond(json_reply(status, wire::decision_json(d)));
-               });
+    route_flow(sys_, peers_, topo_, *parsed, true, [respond](const wire::route_decision& d) {
+      int status = d.replica.empty() ? 404 : 200;
+      respond(json_reply(status, wire::decision_json(d)));
+    });
     return;
   }
   respond(error_reply(404, "NotFoundError", "no such endpoint: " + req.method + " " + path));

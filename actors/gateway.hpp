@@ -64,10 +64,11 @@ void stop_control_plane(const gateway_peers& peers);
 /// Routes one parsed request, leaving out the replicas in `exclude`; `done`
 /// gets the decision: on the calling thread when no tokenizing is needed,
 /// else from an actor's thread.
+/// The request and `exclude` are copied only when the tokenizer is asked.
 void route_flow(caf::actor_system& sys, const gateway_peers& peers,
-                const std::shared_ptr<const wire::topology>& topo, wire::routing_request req,
-                bool dry_run, std::function<void(wire::route_decision)> done,
-                std::vector<std::string> exclude = {});
+                const std::shared_ptr<const wire::topology>& topo, const wire::routing_request& req,
+                bool dry_run, std::function<void(const wire::route_decision&)> done,
+                const std::vector<std::string>& exclude = {});
 
 class gateway {
 public:

@@ -4,7 +4,6 @@
 #include "wire/log.hpp"
 
 #include <algorithm>
-#include <cctype>
 #include <optional>
 
 namespace llmgw {
@@ -15,13 +14,18 @@ std::vector<double> seconds_bounds() {
   return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300};
 }
 
+/// ASCII case folding: header names are ASCII, and std::tolower asks the
+/// locale for every character.
+char lower(char c) {
+  return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c;
+}
+
 bool iequals(const std::string& a, const char* b) {
   std::size_t n = std::char_traits<char>::length(b);
   if (a.size() != n)
     return false;
   for (std::size_t i = 0; i < n; ++i)
-    if (std::tolower(static_cast<unsigned char>(a[i]))
-        != std::tolower(static_cast<unsigned char>(b[i])))
+    if (lower(a[i]) != lower(b[i]))
       return false;
   return true;
 }
@@ -79,7 +83,11 @@ private:
       ctx_.peers.shared_router->finished(d.replica); // never sent
       return;
     }
-    decision_ = d;
+    // What the relay needs; the candidates' scores stay behind.
+    decision_.replica = d.replica;
+    decision_.url = d.url;
+    decision_.tier = d.tier;
+    decision_.dp_rank = d.dp_rank;
     tried_.push_back(d.replica);
     std::vector<std::pair<std::string, std::string>> headers;
     for (const auto& [k, v] : req_.headers)
@@ -131,7 +139,7 @@ private:
     content_type_ = content_type;
     streaming_ = chunked || content_type.rfind("text/event-stream", 0) == 0;
     if (streaming_) {
-      stream_ = respond_.stream(status, content_type, relay_headers_);
+      stream_ = respond_.stream(status, content_type, std::move(relay_headers_));
       {
         std::lock_guard<std::mutex> s(ctx_.stats->mtx);
         ctx_.stats->first_byte_seconds.observe(since(started_));
@@ -167,7 +175,7 @@ private:
       auto status = status_;
       g.unlock();
       if (!streaming_)
-        respond_(http_reply{status, content_type_, std::move(body_), relay_headers_});
+        respond_(http_reply{status, content_type_, std::move(body_), std::move(relay_headers_)});
       count(status);
       return;
     }

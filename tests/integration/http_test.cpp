@@ -143,8 +143,8 @@ TEST(http_server, hostile_requests_are_bounded_and_counted) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 3s) << "closed by the deadline";
   EXPECT_EQ(server.counters().too_large.load(), 2u);
   EXPECT_EQ(server.counters().bad_requests.load(), 1u);
-  // Beast closes a timed-out socket before its handler runs (and counts):
-  // the client can see the close first.
+  // The deadline check counts, then closes; the client may see the close
+  // before this thread sees the count.
   for (int i = 0; i < 100 && server.counters().timeouts.load() == 0; ++i)
     std::this_thread::sleep_for(10ms);
   EXPECT_EQ(server.counters().timeouts.load(), 1u);
@@ -416,6 +416,57 @@ TEST(http_server, a_client_that_leaves_is_noticed_while_its_answer_is_pending) {
   held[0](http_reply{});
   auto s = held[0].stream(200, "text/plain");
   EXPECT_FALSE(s.write("x"));
+}
+
+TEST(http_server, a_client_that_stops_reading_a_stream_is_cut_off_without_deadlock) {
+  // The producer writes under its own lock, and its disconnect callback takes
+  // that lock, as the gateway's proxy does: the callback must not run inside
+  // write().
+  struct producer {
+    std::mutex mtx;
+    std::atomic<bool> callback_ran{false};
+    std::atomic<bool> write_refused{false};
+    std::atomic<std::size_t> written{0};
+  };
+  auto p = std::make_shared<producer>();
+  std::promise<void> finished;
+  auto finished_f = finished.get_future();
+  http_server server("127.0.0.1", 0, 1, {}, [&](http_request&& req, http_responder respond) {
+    if (req.target != "/sse") {
+      respond(http_reply{});
+      return;
+    }
+    respond.on_disconnect([p] {
+      std::lock_guard<std::mutex> g(p->mtx);
+      p->callback_ran = true;
+    });
+    // Detached: were it to deadlock, the test reports instead of hanging.
+    std::thread([p, respond, &finished] {
+      auto s = respond.stream(200, "text/event-stream");
+      const std::string piece(64u << 10, 'x');
+      for (int i = 0; i < 1000; ++i) { // 64 MB at most, far over the backlog
+        std::lock_guard<std::mutex> g(p->mtx);
+        if (!s.write(piece)) {
+          p->write_refused = true;
+          break;
+        }
+        p->written += piece.size();
+      }
+      finished.set_value();
+    }).detach();
+  });
+  raw_client c(server.port());
+  c.send("GET /sse HTTP/1.1\r\nHost: x\r\n\r\n"); // and never read
+  ASSERT_EQ(finished_f.wait_for(20s), std::future_status::ready)
+    << "the producer is stuck after " << p->written.load() << " bytes";
+  EXPECT_TRUE(p->write_refused) << "a client that does not read stops the producer";
+  EXPECT_LT(p->written.load(), std::size_t{32} << 20) << "the backlog is bounded";
+  for (int i = 0; i < 500 && !p->callback_ran; ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_TRUE(p->callback_ran) << "the handler hears the client is gone";
+  EXPECT_EQ(server.counters().disconnects.load(), 1u);
+  auto ok = post(server.port(), "/", "");
+  EXPECT_EQ(ok.status, 200) << "the server still serves";
 }
 
 TEST(http_server, a_pipelined_request_waits_for_the_pending_answer) {
