@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <string_view>
 
 namespace llmgw {
 
@@ -20,21 +21,31 @@ char lower(char c) {
   return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c;
 }
 
-bool iequals(const std::string& a, const char* b) {
-  std::size_t n = std::char_traits<char>::length(b);
-  if (a.size() != n)
+bool iequals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size())
     return false;
-  for (std::size_t i = 0; i < n; ++i)
+  for (std::size_t i = 0; i < a.size(); ++i)
     if (lower(a[i]) != lower(b[i]))
       return false;
   return true;
 }
 
 /// Headers a proxy must not pass on (hop-by-hop, or framing it redoes).
-bool hop_by_hop(const std::string& name) {
-  for (const char* h :
-       {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-        "transfer-encoding", "upgrade", "content-length", "host", "server", "date"})
+bool hop_by_hop(std::string_view name) {
+  using namespace std::string_view_literals;
+  static constexpr std::string_view names[] = {"connection"sv,
+                                               "keep-alive"sv,
+                                               "proxy-authenticate"sv,
+                                               "proxy-authorization"sv,
+                                               "te"sv,
+                                               "trailer"sv,
+                                               "transfer-encoding"sv,
+                                               "upgrade"sv,
+                                               "content-length"sv,
+                                               "host"sv,
+                                               "server"sv,
+                                               "date"sv};
+  for (auto h : names)
     if (iequals(name, h))
       return true;
   return false;
