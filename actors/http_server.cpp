@@ -140,10 +140,10 @@ void append_head(std::string& out, int status, const std::string& content_type,
   out += std::to_string(status);
   out += ' ';
   out.append(reason.data(), reason.size());
-  out += "\r\nServer: llmgw\r\nContent-Type: ";
-  out += content_type;
-  out += "\r\n";
   auto clean = [](const std::string& s) { return s.find_first_of("\r\n") == std::string::npos; };
+  out += "\r\nServer: llmgw\r\nContent-Type: ";
+  out += clean(content_type) ? content_type : "application/octet-stream";
+  out += "\r\n";
   for (const auto& [k, v] : headers) {
     if (k.empty() || !clean(k) || !clean(v) || beast::iequals(k, "content-length")
         || beast::iequals(k, "transfer-encoding") || beast::iequals(k, "connection")
@@ -200,9 +200,15 @@ public:
   void write_whole(http_reply r) {
     head_.clear();
     append_head(head_, r.status, r.content_type, r.headers);
-    head_ += "Content-Length: ";
-    head_ += std::to_string(r.body.size());
-    head_ += keep_alive_ ? "\r\n\r\n" : "\r\nConnection: close\r\n\r\n";
+    // 1xx, 204 and 304 answers have no body, nor a length for one.
+    if ((r.status >= 100 && r.status < 200) || r.status == 204 || r.status == 304) {
+      r.body.clear();
+    } else {
+      head_ += "Content-Length: ";
+      head_ += std::to_string(r.body.size());
+      head_ += "\r\n";
+    }
+    head_ += keep_alive_ ? "\r\n" : "Connection: close\r\n\r\n";
     body_ = std::move(r.body);
     deadline_ = clock::now() + srv_->limits.read_timeout;
     auto self = shared_from_this();

@@ -1,5 +1,8 @@
 // A small asynchronous HTTP/1.1 server on Boost.Beast, on its own io_context
 // threads: the gateway's front door, the simulator's API (and test engines').
+// Each thread runs its own loop and owns the connections it accepted, as
+// nginx's workers do; Beast parses requests, and answers are written from a
+// head formatted here. One timer per loop checks every connection's deadline.
 // Each request goes to a handler with a responder that may be called later
 // from any thread (an actor's answer, an upstream engine's stream); the
 // connection waits for it, then reads the next request (keep-alive). An
@@ -101,6 +104,8 @@ struct http_server_limits {
   std::size_t max_header_bytes = 16u << 10;
   std::chrono::milliseconds read_timeout{30000}; ///< to receive one whole request
   std::chrono::milliseconds idle_timeout{60000}; ///< between requests on a connection
+  // Both are checked every tenth of the shorter (10 ms to 1 s): a connection
+  // is closed within that much after its deadline.
   std::size_t max_connections = 1024;
 };
 
@@ -118,13 +123,14 @@ struct http_server_counters {
 
 class http_server {
 public:
-  /// Binds host:port (0: any port) and starts `threads` threads. On failure
-  /// the server does not run and error() says why.
+  /// Binds host:port (0: any port) and starts `threads` loops of one thread
+  /// each. On failure the server does not run and error() says why.
   http_server(const std::string& host, std::uint16_t port, std::size_t threads,
               http_server_limits limits, http_handler handler);
 
   /// The same on loops shared with others (a gateway's upstream clients):
   /// new connections go to the loops in turn, and each stays on its loop.
+  /// Each loop must have one thread (std::invalid_argument otherwise).
   /// stop() stops those loops.
   http_server(const std::string& host, std::uint16_t port,
               std::vector<std::shared_ptr<io_loop>> loops, http_server_limits limits,

@@ -152,6 +152,42 @@ TEST(http_server, hostile_requests_are_bounded_and_counted) {
   EXPECT_EQ(ok.status, 200) << "the server still serves";
 }
 
+TEST(http_server, a_handler_cannot_break_the_framing_of_its_answer) {
+  http_server server("127.0.0.1", 0, 1, {}, [](http_request&& req, http_responder respond) {
+    http_reply r;
+    r.status = req.target == "/empty" ? 204 : 200;
+    r.body = req.target == "/empty" ? "" : "body";
+    r.content_type = req.target == "/bad-type" ? "text/plain\r\nx-injected: 1" : "text/plain";
+    r.headers = {{"x-ok", "fine"},
+                 {"x-split", "a\r\nx-injected: 1"},
+                 {"x-bad\nname", "v"},
+                 {"Content-Length", "999"},
+                 {"Transfer-Encoding", "chunked"},
+                 {"Connection", "keep-alive"}};
+    respond(std::move(r));
+  });
+  auto got = raw_exchange(server.port(), "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(got.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << got;
+  EXPECT_NE(got.find("x-ok: fine\r\n"), std::string::npos) << got;
+  EXPECT_EQ(got.find("x-injected"), std::string::npos) << got;
+  EXPECT_EQ(got.find("x-split"), std::string::npos) << got;
+  EXPECT_EQ(got.find("x-bad"), std::string::npos) << got;
+  EXPECT_EQ(got.find("999"), std::string::npos) << got;
+  EXPECT_EQ(got.find("chunked"), std::string::npos) << got;
+  EXPECT_NE(got.find("Content-Length: 4\r\n"), std::string::npos) << got;
+  EXPECT_NE(got.find("Connection: close\r\n"), std::string::npos) << got;
+  EXPECT_EQ(got.substr(got.size() - 8), "\r\n\r\nbody") << got;
+  auto bad_type =
+    raw_exchange(server.port(), "GET /bad-type HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(bad_type.find("x-injected"), std::string::npos) << bad_type;
+  EXPECT_NE(bad_type.find("Content-Type: application/octet-stream\r\n"), std::string::npos)
+    << bad_type;
+  auto empty =
+    raw_exchange(server.port(), "GET /empty HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(empty.rfind("HTTP/1.1 204 No Content\r\n", 0), 0u) << empty;
+  EXPECT_EQ(empty.find("Content-Length"), std::string::npos) << empty;
+}
+
 TEST(http_server, connections_over_the_cap_are_turned_away) {
   http_server_limits limits;
   limits.max_connections = 1;
