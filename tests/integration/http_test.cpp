@@ -158,12 +158,9 @@ TEST(http_server, a_handler_cannot_break_the_framing_of_its_answer) {
     r.status = req.target == "/empty" ? 204 : 200;
     r.body = req.target == "/empty" ? "" : "body";
     r.content_type = req.target == "/bad-type" ? "text/plain\r\nx-injected: 1" : "text/plain";
-    r.headers = {{"x-ok", "fine"},
-                 {"x-split", "a\r\nx-injected: 1"},
-                 {"x-bad\nname", "v"},
-                 {"Content-Length", "999"},
-                 {"Transfer-Encoding", "chunked"},
-                 {"Connection", "keep-alive"}};
+    r.headers = {
+      {"x-ok", "fine"},          {"x-split", "a\r\nx-injected: 1"}, {"x-bad\nname", "v"},
+      {"Content-Length", "999"}, {"Transfer-Encoding", "chunked"},  {"Connection", "keep-alive"}};
     respond(std::move(r));
   });
   auto got = raw_exchange(server.port(), "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
