@@ -52,7 +52,8 @@ int run_agent_bench(int rounds);
 int run_router_bench(int rounds);
 
 /// `llmgw-bench gateway`: the gateway's overhead beside the upstream and nginx.
-int run_gateway_bench(int rounds, double rate, const std::string& only = {});
+int run_gateway_bench(int rounds, double rate, const std::string& only = {},
+                      int prompt_tokens = 512);
 
 /// `llmgw-bench agent-actors`: the same through the subscriber and mirror actors.
 int run_agent_actors_bench(int rounds);

@@ -5,8 +5,10 @@
 // The upstream answers /v1/completions at once with a fixed body, so what is
 // measured is the proxies. The gateway runs in this process with its real
 // router, control and tokenizer actors; requests carry token-id prompts (512
-// tokens: the router hashes 32 blocks and walks its index) or text prompts
-// (tokenized through the upstream's /tokenize, then cached). nginx runs as
+// tokens by default: the router hashes 32 blocks and walks its index) or
+// text prompts (tokenized through the upstream's /tokenize, then cached).
+// With --prompt-tokens 16 the routing work nearly vanishes, which shows the
+// HTTP path's own cost beside nginx's. nginx runs as
 // its own process (keep-alive to the upstream, no buffering).
 //
 // Open loop: `rate` requests/s spread over 8 keep-alive connections, each
@@ -55,6 +57,7 @@ struct bench_sys_config : caf::actor_system_config {
     set("logger.verbosity", caf::atom("quiet"));
     // As llmgw node sets it (apps/llmgw/node_command.cpp).
     set("work-stealing.moderate-poll-attempts", std::size_t{1});
+    set("work-stealing.relaxed-sleep-duration", caf::timespan{std::chrono::milliseconds(100)});
   }
 };
 
@@ -283,16 +286,16 @@ http {{
 
 } // namespace
 
-int run_gateway_bench(int rounds, double rate, const std::string& only) {
+int run_gateway_bench(int rounds, double rate, const std::string& only, int prompt_tokens) {
   // The upstream: answers at once.
   const std::string answer =
     R"({"id":"cmpl-1","object":"text_completion","created":1,"model":"m",)"
     R"("choices":[{"index":0,"text":" ok","finish_reason":"length"}],)"
-    R"("usage":{"prompt_tokens":512,"completion_tokens":1,"total_tokens":513}})";
+    R"("usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}})";
   http_server upstream("127.0.0.1", 0, 2, {}, [&](http_request&& req, http_responder respond) {
     if (req.target == "/tokenize") {
       boost::json::array tokens;
-      for (int i = 0; i < 512; ++i)
+      for (int i = 0; i < prompt_tokens; ++i)
         tokens.push_back(i);
       respond(http_reply{200,
                          "application/json",
@@ -327,11 +330,11 @@ int run_gateway_bench(int rounds, double rate, const std::string& only) {
   nginx_process nginx(upstream.port());
 
   std::string ids;
-  for (int i = 0; i < 512; ++i)
+  for (int i = 0; i < prompt_tokens; ++i)
     ids += (i ? "," : "") + std::to_string(i);
   const std::string body_ids = R"({"model":"m","max_tokens":1,"prompt":[)" + ids + "]}";
   const std::string body_text =
-    R"({"model":"m","max_tokens":1,"prompt":")" + std::string(2000, 'p') + R"("})";
+    R"({"model":"m","max_tokens":1,"prompt":")" + std::string(4 * prompt_tokens, 'p') + R"("})";
   struct target {
     std::string name;
     std::uint16_t port;
@@ -372,10 +375,10 @@ int run_gateway_bench(int rounds, double rate, const std::string& only) {
       rps[t.name].push_back(static_cast<double>(closed.latencies.size()) / closed.seconds);
       failures[t.name] += open.failed + closed.failed;
     }
-  fmt::print("# llmgw-bench gateway --rounds {} --rate {} (medians of per-round figures; open "
-             "loop at {} req/s over 8 keep-alive connections, latency from when each request "
-             "was due; closed loop over 8 connections for req/s)\n",
-             rounds, rate, rate);
+  fmt::print("# llmgw-bench gateway --rounds {} --rate {} --prompt-tokens {} (medians of "
+             "per-round figures; open loop at {} req/s over 8 keep-alive connections, latency "
+             "from when each request was due; closed loop over 8 connections for req/s)\n",
+             rounds, rate, prompt_tokens, rate);
   // Differences and ratios per round (the targets ran side by side in it),
   // then their medians: steadier on a noisy machine than medians subtracted.
   auto per_round = [&](const std::vector<double>& a, const std::vector<double>& b, auto op) {

@@ -51,7 +51,13 @@ int main(int argc, char** argv) {
   gw->add_option("--only", only,
                  "run only the targets whose name contains this (to profile one; the upstream "
                  "always runs, as the baseline)");
-  gw->callback([&] { exit_code = llmgw::bench::run_gateway_bench(rounds, rate, only); });
+  int prompt_tokens = 512;
+  gw->add_option("--prompt-tokens", prompt_tokens,
+                 "tokens per prompt (16: almost no routing work, the HTTP path alone)")
+    ->check(CLI::Range(1, 1 << 20))
+    ->capture_default_str();
+  gw->callback(
+    [&] { exit_code = llmgw::bench::run_gateway_bench(rounds, rate, only, prompt_tokens); });
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }
