@@ -87,13 +87,11 @@ wire::route_query make_query(const wire::topology& topo, const wire::routing_req
   return q;
 }
 
-/// Decides on this thread against the shared router state, hands the
-/// decision on, then records it (which need not delay the request).
+/// Decides and records on this thread against the shared router state (in
+/// one hold of its lock), then hands the decision on.
 void decide_here(const gateway_peers& peers, const wire::route_query& q,
                  const std::function<void(const wire::route_decision&)>& done) {
-  auto d = peers.shared_router->decide(q);
-  done(d);
-  peers.shared_router->record(q, d);
+  done(peers.shared_router->decide_and_record(q));
 }
 
 } // namespace

@@ -6,9 +6,21 @@ locked_router::locked_router(const topology& topo) : core_(topo) {}
 
 route_decision locked_router::decide(const route_query& q) {
   std::lock_guard<std::mutex> g(mtx_);
+  return decide_locked(q);
+}
+
+route_decision locked_router::decide_locked(const route_query& q) {
   auto start = std::chrono::steady_clock::now();
   auto d = core_.decide(q, start);
   d.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return d;
+}
+
+route_decision locked_router::decide_and_record(const route_query& q) {
+  std::lock_guard<std::mutex> g(mtx_);
+  auto d = decide_locked(q);
+  if (!q.dry_run)
+    record_locked(q, d);
   return d;
 }
 
@@ -16,6 +28,10 @@ void locked_router::record(const route_query& q, const route_decision& d) {
   if (q.dry_run)
     return;
   std::lock_guard<std::mutex> g(mtx_);
+  record_locked(q, d);
+}
+
+void locked_router::record_locked(const route_query& q, const route_decision& d) {
   core_.remember(d, q.chunks, std::chrono::steady_clock::now());
   stats_.decision_seconds.observe(q.hash_seconds + d.seconds);
   if (q.tokenize_seconds >= 0)

@@ -27,6 +27,10 @@ public:
   /// replica (tier 1) and counts the decision, its time and score.
   void record(const route_query& q, const route_decision& d);
 
+  /// decide() and record() under one hold of the lock: with several
+  /// gateway threads, each taking of a contended lock can cost a sleep.
+  route_decision decide_and_record(const route_query& q);
+
   /// A request on `replica` finished (answered or failed).
   void finished(const std::string& replica);
 
@@ -47,6 +51,9 @@ public:
   }
 
 private:
+  route_decision decide_locked(const route_query& q);
+  void record_locked(const route_query& q, const route_decision& d);
+
   std::mutex mtx_;
   router_core core_;
   router_stats stats_;

@@ -69,6 +69,24 @@ TEST(locked_router, record_remembers_the_prompt_and_counts_the_decision) {
     1u);
 }
 
+TEST(locked_router, decide_and_record_does_both_and_leaves_dry_runs_alone) {
+  locked_router lr(two_replicas());
+  std::string text(64, 'r');
+  auto dry = lr.decide_and_record(text_query(text, true));
+  ASSERT_FALSE(dry.replica.empty());
+  EXPECT_EQ(outstanding(lr, dry.replica), 0u) << "a dry run counts no load";
+  auto first = lr.decide_and_record(text_query(text));
+  EXPECT_EQ(first.tier, route_tier::load) << "the dry run left no tier-1 trace";
+  EXPECT_EQ(outstanding(lr, first.replica), 1u);
+  lr.finished(first.replica);
+  auto again = lr.decide_and_record(text_query(text));
+  EXPECT_EQ(again.tier, route_tier::approx) << "tier 1 knows the prompt now";
+  EXPECT_EQ(again.replica, first.replica);
+  EXPECT_EQ(
+    lr.with([](const router_core&, const router_stats& s) { return s.decision_seconds.count(); }),
+    2u);
+}
+
 TEST(locked_router, a_dry_run_is_neither_remembered_nor_counted) {
   locked_router lr(two_replicas());
   std::string text(64, 'q');
