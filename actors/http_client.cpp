@@ -172,8 +172,9 @@ bool framing_header(const std::string& name) {
 /// the response ended cleanly. Everything after start() runs on the loop.
 class streaming_call : public http_call, public std::enable_shared_from_this<streaming_call> {
 public:
-  streaming_call(asio::io_context& io, std::shared_ptr<connection_pool> pool, std::string method,
-                 std::string host, std::string port, const std::string& target, std::string body,
+  streaming_call(asio::io_context& io, std::shared_ptr<connection_pool> pool,
+                 const std::string& method, std::string host, std::string port,
+                 const std::string& target, std::string body,
                  const std::vector<std::pair<std::string, std::string>>& headers,
                  std::chrono::milliseconds connect_timeout, std::chrono::milliseconds timeout,
                  http_call_handlers handlers)
