@@ -250,8 +250,9 @@ public:
     close();
   }
 
-  /// A streamed answer's client stopped reading: it is treated as gone.
-  void stalled() {
+  /// The client left before its answer was out, or stopped reading a
+  /// stream: counted, the connection closed, the handler told.
+  void lost_client() {
     if (closed_)
       return;
     ++srv_->counters.disconnects;
@@ -389,12 +390,7 @@ private:
         return close(); // the client closed between requests
       return on_error(ec);
     }
-    ++srv_->counters.disconnects;
-    auto x = exchange_;
-    release();
-    close();
-    if (x)
-      x->client_went_away();
+    lost_client();
   }
 
   void pump() {
@@ -579,7 +575,7 @@ bool http_stream::write(std::string data) const {
     // they take.
     auto s = x_->owner.lock();
     if (s)
-      asio::post(s->get_executor(), [s] { s->stalled(); });
+      asio::post(s->get_executor(), [s] { s->lost_client(); });
     else
       x_->gone = true;
     return false;
