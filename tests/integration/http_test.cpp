@@ -11,6 +11,7 @@
 
 #include <arpa/inet.h>
 #include <future>
+#include <map>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <thread>
@@ -590,6 +591,55 @@ TEST(http_client, a_streamed_call_hands_on_pieces_as_they_arrive) {
   EXPECT_EQ(log.joined(), "data: a\n\ndata: b\n\n");
   for (auto& w : workers)
     w.join();
+}
+
+TEST(http_client, a_call_frames_its_request_itself) {
+  std::mutex mtx;
+  std::vector<std::pair<std::string, std::string>> seen;
+  std::string body;
+  http_server server("127.0.0.1", 0, 1, {}, [&](http_request&& req, http_responder respond) {
+    {
+      std::lock_guard<std::mutex> g(mtx);
+      seen = req.headers;
+      body = req.body;
+    }
+    respond(http_reply{});
+  });
+  auto url = "http://127.0.0.1:" + std::to_string(server.port());
+  auto send = [&](std::vector<std::pair<std::string, std::string>> headers) {
+    http_client client;
+    call_log log;
+    auto call =
+      client.call("POST", url, "/x", "{\"a\":1}", headers, 1000ms, 5000ms, log.handlers());
+    EXPECT_TRUE(call);
+    auto done = log.done.get_future();
+    EXPECT_EQ(done.wait_for(5s), std::future_status::ready);
+    EXPECT_EQ(done.get(), "");
+    std::lock_guard<std::mutex> g(mtx);
+    std::map<std::string, std::vector<std::string>> by_name;
+    for (const auto& [k, v] : seen) {
+      std::string lower;
+      for (char c : k)
+        lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      by_name[lower].push_back(v);
+    }
+    return by_name;
+  };
+  auto got = send({{"User-Agent", "client/1.0"},
+                   {"Content-Length", "999"},
+                   {"Host", "elsewhere"},
+                   {"Transfer-Encoding", "chunked"},
+                   {"x-split", "a\r\nx-injected: 1"},
+                   {"x-kept", "yes"}});
+  EXPECT_EQ(got["user-agent"], std::vector<std::string>{"client/1.0"}) << "the caller's agent";
+  EXPECT_EQ(got["content-length"], std::vector<std::string>{"7"}) << "the body's own length";
+  EXPECT_EQ(got["host"], std::vector<std::string>{"127.0.0.1:" + std::to_string(server.port())});
+  EXPECT_EQ(got.count("transfer-encoding"), 0u);
+  EXPECT_EQ(got.count("x-split"), 0u);
+  EXPECT_EQ(got.count("x-injected"), 0u);
+  EXPECT_EQ(got["x-kept"], std::vector<std::string>{"yes"});
+  EXPECT_EQ(body, "{\"a\":1}");
+  EXPECT_EQ(send({})["user-agent"], std::vector<std::string>{"llmgw"}) << "llmgw's when none";
 }
 
 TEST(http_client, cancelling_a_call_reaches_the_server_as_a_disconnect) {
