@@ -60,8 +60,7 @@ class session;
 /// The connections of one loop, whose deadlines one timer checks: a timer
 /// per read and write (Beast's tcp_stream) costs more than the reads.
 struct loop_sessions {
-  explicit loop_sessions(asio::io_context& io) : io(io), sweep(io) {}
-  asio::io_context& io;
+  explicit loop_sessions(asio::io_context& io) : sweep(io) {}
   asio::steady_timer sweep;
   std::vector<std::weak_ptr<session>> sessions; ///< the loop's thread only
 };

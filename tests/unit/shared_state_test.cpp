@@ -50,6 +50,11 @@ std::uint32_t outstanding(locked_router& lr, const std::string& replica) {
   });
 }
 
+std::uint64_t decisions_counted(locked_router& lr) {
+  return lr.with(
+    [](const router_core&, const router_stats& s) { return s.decision_seconds.count(); });
+}
+
 } // namespace
 
 TEST(locked_router, record_remembers_the_prompt_and_counts_the_decision) {
@@ -64,9 +69,7 @@ TEST(locked_router, record_remembers_the_prompt_and_counts_the_decision) {
   auto again = lr.decide(q);
   EXPECT_EQ(again.tier, route_tier::approx) << "tier 1 knows the prompt now";
   EXPECT_EQ(again.replica, first.replica);
-  EXPECT_EQ(
-    lr.with([](const router_core&, const router_stats& s) { return s.decision_seconds.count(); }),
-    1u);
+  EXPECT_EQ(decisions_counted(lr), 1u);
 }
 
 TEST(locked_router, decide_and_record_does_both_and_leaves_dry_runs_alone) {
@@ -82,9 +85,7 @@ TEST(locked_router, decide_and_record_does_both_and_leaves_dry_runs_alone) {
   auto again = lr.decide_and_record(text_query(text));
   EXPECT_EQ(again.tier, route_tier::approx) << "tier 1 knows the prompt now";
   EXPECT_EQ(again.replica, first.replica);
-  EXPECT_EQ(
-    lr.with([](const router_core&, const router_stats& s) { return s.decision_seconds.count(); }),
-    2u);
+  EXPECT_EQ(decisions_counted(lr), 2u);
 }
 
 TEST(locked_router, a_dry_run_is_neither_remembered_nor_counted) {
@@ -95,9 +96,7 @@ TEST(locked_router, a_dry_run_is_neither_remembered_nor_counted) {
   lr.record(dry, d);
   EXPECT_EQ(outstanding(lr, d.replica), 0u);
   EXPECT_EQ(lr.decide(text_query(text)).tier, route_tier::load) << "no tier-1 trace";
-  EXPECT_EQ(
-    lr.with([](const router_core&, const router_stats& s) { return s.decision_seconds.count(); }),
-    0u);
+  EXPECT_EQ(decisions_counted(lr), 0u);
 }
 
 TEST(locked_router, load_is_counted_until_finished_and_down_replicas_are_avoided) {
