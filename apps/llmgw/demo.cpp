@@ -147,7 +147,8 @@ std::map<std::string, tally> phase(const demo_options& o,
           std::lock_guard<std::mutex> g(mtx);
           if (!a.ok) {
             ++failed;
-            fmt::print(stderr, "demo: a request failed: {}\n", a.error);
+            fmt::print(stderr, "demo: a request to {} ({}) failed: {}\n",
+                       replica.empty() ? std::string("the gateway") : replica, base, a.error);
             break;
           }
           if (a.replica.empty())

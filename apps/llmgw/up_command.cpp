@@ -22,10 +22,12 @@
 #include <boost/json.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <fcntl.h>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <map>
 #include <sstream>
@@ -164,6 +166,23 @@ double metric(const std::string& text, const std::string& sample) {
   return 0;
 }
 
+/// The last `n` lines of `log` that mention any of `needles` (what an
+/// engine's node wrote about it: why it exited, what it could not bind).
+std::vector<std::string> last_lines_with(const std::string& log,
+                                         const std::vector<std::string>& needles, std::size_t n) {
+  std::ifstream in(log);
+  std::vector<std::string> out;
+  std::string line;
+  while (std::getline(in, line))
+    if (std::any_of(needles.begin(), needles.end(),
+                    [&](const std::string& w) { return line.find(w) != std::string::npos; })) {
+      out.push_back(line);
+      if (out.size() > n)
+        out.erase(out.begin());
+    }
+  return out;
+}
+
 struct child {
   std::string node;
   std::string log;
@@ -266,12 +285,14 @@ int run_up(const up_options& o) {
     }
   std::size_t with_events = 0;
   std::vector<demo_engine> engines;
+  std::vector<std::string> engine_logs; // the log of each engine's node
   for (const auto& n : topo.nodes) {
     if (n.roles.agent && !n.roles.control)
       launch(n);
     for (const auto& e : n.engines) {
       with_events += e.kv_events;
       engines.push_back({e.replica, e.url});
+      engine_logs.push_back(logs + "/" + n.name + ".log");
     }
   }
   fmt::print("llmgw up: {} node{} started, waiting for {} replica{} to send their KV state "
@@ -282,6 +303,33 @@ int run_up(const up_options& o) {
     if (std::chrono::steady_clock::now() > deadline || interrupted()) {
       fmt::print(stderr, "llmgw up: not every replica came up in {} s; logs in {}\n",
                  o.ready_timeout_s, logs);
+      stop_all(children);
+      return 1;
+    }
+    std::this_thread::sleep_for(100ms);
+  }
+  // An engine that cannot start (its port taken, a bad flag) restarts with
+  // backoff forever and the gateway routes around it; say so here rather
+  // than call the cluster up. vLLM and llmgw-sim answer GET /health.
+  for (;;) {
+    std::vector<std::size_t> silent;
+    for (std::size_t i = 0; i < engines.size(); ++i)
+      if (get(http, engines[i].url, "/health").status != 200)
+        silent.push_back(i);
+    if (silent.empty())
+      break;
+    if (std::chrono::steady_clock::now() > deadline || interrupted()) {
+      for (auto i : silent) {
+        fmt::print(stderr, "llmgw up: engine {} at {} is not answering GET /health\n",
+                   engines[i].replica, engines[i].url);
+        auto port = engines[i].url.substr(engines[i].url.rfind(':') + 1);
+        auto said = last_lines_with(engine_logs[i],
+                                    {":" + port + ":", "engine " + engines[i].replica + ":"}, 4);
+        if (!said.empty())
+          fmt::print(stderr, "  from {}:\n", engine_logs[i]);
+        for (const auto& l : said)
+          fmt::print(stderr, "    {}\n", l);
+      }
       stop_all(children);
       return 1;
     }

@@ -2,7 +2,8 @@
 // swapped for free ones): through the gateway, a repeated long prompt lands
 // on the replica that served it first, by tier 2, with cached tokens; a
 // streamed answer arrives in order; a killed engine's traffic goes
-// elsewhere; Ctrl-C leaves nothing running; the demo runs.
+// elsewhere; Ctrl-C leaves nothing running; the demo runs; an engine that
+// cannot listen is named instead of the cluster being called up.
 #include "actors/http_client.hpp"
 #include "tests/integration/child_process.hpp"
 #include "tests/integration/test_cluster.hpp"
@@ -11,11 +12,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <arpa/inet.h>
 #include <csignal>
 #include <dirent.h>
 #include <fstream>
 #include <future>
 #include <sstream>
+#include <sys/socket.h>
 #include <thread>
 
 using namespace std::chrono_literals;
@@ -60,7 +63,8 @@ struct local_cluster {
   std::vector<std::uint16_t> engine_ports;
   std::unique_ptr<test::child_process> up;
 
-  local_cluster() {
+  /// `start`: run `llmgw up` on it and wait until it says the cluster is up.
+  explicit local_cluster(bool start = true) {
     char tmpl[] = "/tmp/llmgw-local-XXXXXX";
     dir = ::mkdtemp(tmpl);
     auto text = read(LLMGW_SOURCE_DIR "/deploy/local/cluster.toml");
@@ -73,6 +77,8 @@ struct local_cluster {
     }
     std::ofstream(dir + "/cluster.toml") << text;
     gateway = "http://127.0.0.1:" + std::to_string(http);
+    if (!start)
+      return;
     up = std::make_unique<test::child_process>(std::vector<std::string>{
       LLMGW_BINARY, "up", "--config", dir + "/cluster.toml", "--logs", dir + "/logs"});
     for (;;) {
@@ -201,18 +207,43 @@ TEST(local_cluster, ctrl_c_leaves_nothing_running_and_the_demo_runs) {
   }
   EXPECT_TRUE(processes_with(marker).empty()) << "no node left";
 
-  local_cluster demo_cluster_for_ports; // the demo runs against its own cluster below
-  auto config = demo_cluster_for_ports.dir + "/cluster.toml";
-  demo_cluster_for_ports.up->signal(SIGINT);
-  EXPECT_EQ(demo_cluster_for_ports.up->wait(30s), std::optional<int>(0));
-  demo_cluster_for_ports.up.reset();
-  test::child_process demo({LLMGW_BINARY, "up", "--config", config, "--demo", "--exit-after-demo",
-                            "--logs", demo_cluster_for_ports.dir + "/demo-logs"});
+  local_cluster ports(false); // the demo starts the cluster itself
+  test::child_process demo({LLMGW_BINARY, "up", "--config", ports.dir + "/cluster.toml", "--demo",
+                            "--exit-after-demo", "--logs", ports.dir + "/demo-logs"});
   auto out = demo.read_stdout_all(120s);
-  EXPECT_EQ(demo.wait(30s), std::optional<int>(0)) << out;
+  std::string err;
+  while (auto line = demo.read_stderr_line(1s))
+    err += *line + "\n";
+  EXPECT_EQ(demo.wait(30s), std::optional<int>(0)) << out << err;
   EXPECT_NE(out.find("through llmgw:"), std::string::npos) << out;
   EXPECT_NE(out.find("round-robin straight to the engines"), std::string::npos);
   EXPECT_NE(out.find("llmgw served"), std::string::npos);
-  for (auto port : demo_cluster_for_ports.engine_ports)
+  for (auto port : ports.engine_ports)
     EXPECT_TRUE(processes_with("--port " + std::to_string(port) + " ").empty());
+}
+
+TEST(local_cluster, an_engine_that_cannot_listen_is_named_not_called_up) {
+  local_cluster c(false);
+  // Something else holds b1's port (listening, never answering).
+  int squatter = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(c.engine_ports[3]);
+  ASSERT_EQ(::bind(squatter, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(squatter, 8), 0);
+  test::child_process up({LLMGW_BINARY, "up", "--config", c.dir + "/cluster.toml", "--logs",
+                          c.dir + "/logs", "--ready-timeout", "20"});
+  auto out = up.read_stdout_all(60s);
+  std::string err;
+  while (auto line = up.read_stderr_line(1s))
+    err += *line + "\n";
+  EXPECT_EQ(up.wait(30s), std::optional<int>(1)) << out << err;
+  EXPECT_EQ(out.find("is up"), std::string::npos) << out;
+  auto url = "http://127.0.0.1:" + std::to_string(c.engine_ports[3]);
+  EXPECT_NE(err.find("engine b1 at " + url + " is not answering"), std::string::npos) << err;
+  EXPECT_NE(err.find("Address already in use"), std::string::npos)
+    << "the node log's reason is quoted: " << err;
+  EXPECT_TRUE(processes_with(c.dir + "/cluster.toml").empty()) << "no node left";
+  ::close(squatter);
 }

@@ -10,9 +10,13 @@
 
 #include <arpa/inet.h>
 #include <csignal>
+#include <fcntl.h>
 #include <fstream>
 #include <future>
+#include <mutex>
 #include <netinet/in.h>
+#include <random>
+#include <set>
 #include <sstream>
 #include <sys/socket.h>
 #include <thread>
@@ -22,16 +26,68 @@ using namespace std::chrono_literals;
 
 namespace llmgw::test {
 
-std::uint16_t free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+namespace {
+
+/// The lowest port the kernel hands out by itself (bind to 0, connect).
+int ephemeral_low() {
+  std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 32768;
+  in >> low;
+  return low;
+}
+
+bool bindable(std::uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
+  addr.sin_port = htons(port);
+  bool ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  if (fd >= 0)
+    ::close(fd);
+  return ok;
+}
+
+} // namespace
+
+std::uint16_t free_port() {
+  // Topologies name fixed ports, which the nodes bind seconds later. A port
+  // from the kernel's ephemeral range could meanwhile become some socket's
+  // local end (an outgoing connection, an agent's replay port), and a port
+  // another test process picked could be picked again. So: ports below the
+  // ephemeral range, each leased with a lock on the byte of that number in
+  // one shared file. Open-file-description locks are held until this
+  // process ends, and the kernel drops them with it, so nothing goes stale.
+  static std::mutex mtx;
+  static std::mt19937 random(std::random_device{}() ^ static_cast<unsigned>(::getpid()));
+  static const int leases =
+    ::open("/tmp/llmgw-test-ports.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  static std::set<std::uint16_t> mine; // this process's own leases do not conflict
+  std::lock_guard<std::mutex> guard(mtx);
+  const int high = ephemeral_low();
+  const int low = std::max(10000, high - 20000);
+  std::uniform_int_distribution<int> pick(low, high - 1);
+  for (int attempt = 0; attempt < 10000; ++attempt) {
+    auto port = static_cast<std::uint16_t>(pick(random));
+    if (mine.count(port))
+      continue;
+    struct flock lock {};
+    lock.l_type = F_WRLCK;
+    lock.l_whence = SEEK_SET;
+    lock.l_start = port;
+    lock.l_len = 1;
+    if (leases < 0 || ::fcntl(leases, F_OFD_SETLK, &lock) != 0)
+      continue;
+    if (!bindable(port)) {
+      lock.l_type = F_UNLCK;
+      ::fcntl(leases, F_OFD_SETLK, &lock);
+      continue;
+    }
+    mine.insert(port);
+    return port;
+  }
+  ADD_FAILURE() << "no free port below " << high << " after 10000 tries";
+  return 0;
 }
 
 test_cluster::test_cluster(std::vector<test_node_spec> nodes, std::string extra_cluster)

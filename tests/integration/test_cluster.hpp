@@ -22,7 +22,9 @@
 
 namespace llmgw::test {
 
-/// A loopback TCP port that was free a moment ago.
+/// A loopback TCP port that was free a moment ago, below the kernel's
+/// ephemeral range and leased to this process: no other test process is
+/// given it while this one runs.
 std::uint16_t free_port();
 
 /// An engine of an agent node, launched as llmgw-test-engine publishing a
