@@ -19,6 +19,7 @@
 #include <set>
 #include <sstream>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <thread>
 #include <unistd.h>
 
@@ -60,8 +61,14 @@ std::uint16_t free_port() {
   // process ends, and the kernel drops them with it, so nothing goes stale.
   static std::mutex mtx;
   static std::mt19937 random(std::random_device{}() ^ static_cast<unsigned>(::getpid()));
-  static const int leases =
-    ::open("/tmp/llmgw-test-ports.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  // Without the file (another user's, not writable) ports are still checked
+  // and never repeated within this process, only not leased.
+  static const int leases = [] {
+    int fd = ::open("/tmp/llmgw-test-ports.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd >= 0)
+      ::fchmod(fd, 0666); // whoever made it, every user's tests share it
+    return fd;
+  }();
   static std::set<std::uint16_t> mine; // this process's own leases do not conflict
   std::lock_guard<std::mutex> guard(mtx);
   const int high = ephemeral_low();
@@ -76,11 +83,12 @@ std::uint16_t free_port() {
     lock.l_whence = SEEK_SET;
     lock.l_start = port;
     lock.l_len = 1;
-    if (leases < 0 || ::fcntl(leases, F_OFD_SETLK, &lock) != 0)
+    if (leases >= 0 && ::fcntl(leases, F_OFD_SETLK, &lock) != 0)
       continue;
     if (!bindable(port)) {
       lock.l_type = F_UNLCK;
-      ::fcntl(leases, F_OFD_SETLK, &lock);
+      if (leases >= 0)
+        ::fcntl(leases, F_OFD_SETLK, &lock);
       continue;
     }
     mine.insert(port);
