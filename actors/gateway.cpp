@@ -100,7 +100,8 @@ gateway_peers spawn_control_plane(caf::actor_system& sys, const control_options&
   const auto& topo = *opts.topo;
   gateway_peers p;
   p.shared_router = std::make_shared<wire::locked_router>(topo);
-  p.token_cache = std::make_shared<wire::token_cache>(topo.router.tokenize_cache_entries);
+  p.token_cache = std::make_shared<wire::token_cache>(topo.router.tokenize_cache_entries,
+                                                      topo.router.tokenize_cache_mib << 20);
   p.router = sys.spawn(router, p.shared_router);
   p.control = sys.spawn(control, opts, p.router);
   p.tokenizer = sys.spawn(tokenizer, topo, p.token_cache);
@@ -125,8 +126,7 @@ void route_flow(caf::actor_system& sys, const gateway_peers& peers,
   }
   // A prompt tokenized before: no hop to the tokenizer either.
   thread_local std::vector<std::uint32_t> tokens;
-  auto key = wire::token_cache::key(req.model, req.tokenize_body);
-  if (peers.token_cache->lookup(key, tokens)) {
+  if (peers.token_cache->lookup(req.model, req.tokenize_body, tokens)) {
     decide_here(peers, make_query(*topo, req, dry_run, &tokens, 0, exclude), done);
     return;
   }
@@ -263,6 +263,9 @@ void gateway::handle(http_request&& req, http_responder respond) {
               static_cast<double>(cache.misses));
     m.gauge("llmgw_tokenize_cache_entries", "Tokenizations held in the cache.",
             static_cast<double>(cache.entries));
+    m.gauge("llmgw_tokenize_cache_bytes",
+            "Bytes the cache's tokenizations hold (model, body, tokens, overhead).",
+            static_cast<double>(cache.bytes));
     auto control = peers_.control;
     sys_.spawn([control, respond, text = m.str()](caf::event_based_actor* self) {
       self->request(control, std::chrono::seconds(5), metrics_atom::value)

@@ -53,10 +53,9 @@ tokenizer_actor::behavior_type tokenizer(tokenizer_actor::stateful_pointer<token
     [self](tokenize_atom, const std::string& model,
            const std::string& body) -> caf::result<tokenize_reply> {
       auto& st = self->state;
-      auto key = wire::token_cache::key(model, body);
       tokenize_reply cached;
       // Not counted: the gateway counted its own look-up before asking.
-      if (st.cache->peek(key, cached.tokens)) {
+      if (st.cache->peek(model, body, cached.tokens)) {
         cached.ok = true;
         cached.cached = true;
         return cached;
@@ -69,7 +68,7 @@ tokenizer_actor::behavior_type tokenizer(tokenizer_actor::stateful_pointer<token
       }
       auto id = ++st.next_id;
       auto rp = self->make_response_promise<tokenize_reply>();
-      st.pending.emplace(id, std::make_pair(rp, key));
+      st.pending.emplace(id, tokenizer_state::waiting{rp, model, body});
       auto start = std::chrono::steady_clock::now();
       // A weak address: the callbacks live in the HTTP client, which the
       // actor's own state owns; a strong handle there would keep the actor
@@ -107,10 +106,10 @@ tokenizer_actor::behavior_type tokenizer(tokenizer_actor::stateful_pointer<token
       auto it = st.pending.find(id);
       if (it == st.pending.end())
         return;
-      auto [rp, key] = it->second;
+      auto w = std::move(it->second);
       st.pending.erase(it);
       if (r.ok) {
-        st.cache->insert(key, r.tokens);
+        st.cache->insert(w.model, w.body, r.tokens);
       } else {
         for (auto& rep : st.replicas)
           if (rep.name == r.replica)
@@ -120,7 +119,7 @@ tokenizer_actor::behavior_type tokenizer(tokenizer_actor::stateful_pointer<token
                   "for tokenizing for {} ms)",
                   r.replica, r.error, st.bad_for.count());
       }
-      rp.deliver(std::move(r));
+      w.promise.deliver(std::move(r));
     },
   };
 }
@@ -129,7 +128,8 @@ tokenizer_actor::behavior_type
 tokenizer_alone(tokenizer_actor::stateful_pointer<tokenizer_state> self,
                 const wire::topology& topo) {
   return tokenizer(self, topo,
-                   std::make_shared<wire::token_cache>(topo.router.tokenize_cache_entries));
+                   std::make_shared<wire::token_cache>(topo.router.tokenize_cache_entries,
+                                                       topo.router.tokenize_cache_mib << 20));
 }
 
 } // namespace llmgw

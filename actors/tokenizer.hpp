@@ -33,8 +33,12 @@ struct tokenizer_state {
   std::shared_ptr<wire::token_cache> cache;
   std::uint64_t turn = 0;
   std::uint64_t next_id = 0;
-  std::map<std::uint64_t, std::pair<caf::typed_response_promise<tokenize_reply>, std::uint64_t>>
-    pending; ///< request id -> (promise, cache key)
+  struct waiting {
+    caf::typed_response_promise<tokenize_reply> promise;
+    std::string model;
+    std::string body;
+  };
+  std::map<std::uint64_t, waiting> pending; ///< request id -> who waits, for what
   std::unique_ptr<http_client> http;
   static inline const char* name = "tokenizer";
 };

@@ -405,7 +405,7 @@ void read_router(checker& c, const toml::value& doc, router_settings& r) {
   c.only_keys(*rt, "[router]",
               {"cpu_weight", "storage_weight", "tie_margin", "hot_spot_threshold",
                "tier1_chunk_bytes", "tier1_capacity", "tier1_ttl_s", "tokenize_timeout_ms",
-               "tokenize_cache_entries"});
+               "tokenize_cache_entries", "tokenize_cache_mib"});
   c.read_fraction(*rt, "router", "cpu_weight", r.cpu_weight);
   c.read_fraction(*rt, "router", "storage_weight", r.storage_weight);
   c.read_fraction(*rt, "router", "tie_margin", r.tie_margin);
@@ -417,6 +417,7 @@ void read_router(checker& c, const toml::value& doc, router_settings& r) {
     r.tier1_ttl = std::chrono::seconds(ttl);
   c.read_ms(*rt, "router", "tokenize_timeout_ms", 10, 60000, r.tokenize_timeout);
   c.read_number(*rt, "router", "tokenize_cache_entries", 0, 10000000, r.tokenize_cache_entries);
+  c.read_number(*rt, "router", "tokenize_cache_mib", 0, 1048576, r.tokenize_cache_mib);
 }
 
 void read_gateway(checker& c, const toml::value& doc, gateway_settings& g) {

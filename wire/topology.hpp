@@ -71,6 +71,7 @@ struct router_settings {
   std::chrono::seconds tier1_ttl{900};
   std::chrono::milliseconds tokenize_timeout{500};
   std::size_t tokenize_cache_entries = 4096;
+  std::size_t tokenize_cache_mib = 256; ///< the cache's bytes at most, in MiB
 };
 
 /// The gateway's limits and the proxy's patience.

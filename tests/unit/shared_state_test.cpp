@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <string>
 #include <thread>
+#include <tuple>
 
 using namespace llmgw::wire;
 using namespace std::chrono_literals;
@@ -158,44 +160,102 @@ TEST(locked_router, updates_and_decisions_from_two_threads_leave_consistent_stat
 }
 
 TEST(token_cache, holds_what_was_inserted_and_counts_lookups_only) {
-  token_cache c(8);
-  auto k = token_cache::key("llama", R"({"prompt":"hi"})");
+  token_cache c(8, 1 << 20);
   std::vector<std::uint32_t> out;
-  EXPECT_FALSE(c.lookup(k, out));
-  c.insert(k, {5, 6, 7});
-  EXPECT_TRUE(c.peek(k, out));
-  EXPECT_TRUE(c.lookup(k, out));
+  EXPECT_FALSE(c.lookup("llama", R"({"prompt":"hi"})", out));
+  c.insert("llama", R"({"prompt":"hi"})", {5, 6, 7});
+  EXPECT_TRUE(c.peek("llama", R"({"prompt":"hi"})", out));
+  EXPECT_TRUE(c.lookup("llama", R"({"prompt":"hi"})", out));
   EXPECT_EQ(out, (std::vector<std::uint32_t>{5, 6, 7}));
   auto s = c.stats();
   EXPECT_EQ(s.hits, 1u);
   EXPECT_EQ(s.misses, 1u) << "peek is not counted";
   EXPECT_EQ(s.entries, 1u);
+  EXPECT_EQ(s.bytes, token_cache::cost("llama", R"({"prompt":"hi"})", 3));
 }
 
-TEST(token_cache, the_key_tells_models_and_bodies_apart) {
-  auto k = token_cache::key("llama", "body");
-  EXPECT_NE(k, token_cache::key("qwen", "body"));
-  EXPECT_NE(k, token_cache::key("llama", "body "));
-  EXPECT_EQ(k, token_cache::key("llama", "body"));
+TEST(token_cache, models_and_bodies_are_told_apart_byte_for_byte) {
+  token_cache c(8, 1 << 20);
+  c.insert("llama", "body", {1});
+  c.insert("qwen", "body", {2});
+  c.insert("llama", "body ", {3});
+  // The model's length is part of what tells entries apart, not a separator.
+  c.insert("ab", "c", {4});
+  c.insert("a", "bc", {5});
+  std::vector<std::uint32_t> out;
+  for (auto [model, body, want] :
+       std::vector<std::tuple<const char*, const char*, std::uint32_t>>{{"llama", "body", 1},
+                                                                        {"qwen", "body", 2},
+                                                                        {"llama", "body ", 3},
+                                                                        {"ab", "c", 4},
+                                                                        {"a", "bc", 5}}) {
+    ASSERT_TRUE(c.peek(model, body, out)) << model << " / " << body;
+    EXPECT_EQ(out, std::vector<std::uint32_t>{want}) << model << " / " << body;
+  }
+  EXPECT_FALSE(c.peek("llama", "bod", out));
+  EXPECT_EQ(c.stats().entries, 5u);
+}
+
+TEST(token_cache, bodies_whose_hashes_collide_keep_their_own_tokens) {
+  // Every body hashes alike, as a crafted collision would: each is still
+  // found by its own bytes only, and eviction removes the right one.
+  token_cache c(50, 64 << 20, [](std::string_view, std::string_view) { return std::uint64_t{7}; });
+  std::vector<std::uint32_t> out;
+  for (std::uint32_t i = 0; i < 60; ++i)
+    c.insert("m", "prompt " + std::to_string(i), {i});
+  for (std::uint32_t i = 0; i < 10; ++i)
+    EXPECT_FALSE(c.peek("m", "prompt " + std::to_string(i), out)) << i << " was evicted";
+  for (std::uint32_t i = 10; i < 60; ++i) {
+    ASSERT_TRUE(c.peek("m", "prompt " + std::to_string(i), out)) << i;
+    EXPECT_EQ(out, std::vector<std::uint32_t>{i});
+  }
+  EXPECT_FALSE(c.peek("m", "prompt 60", out));
+  EXPECT_EQ(c.stats().entries, 50u);
 }
 
 TEST(token_cache, the_least_recently_used_goes_first) {
-  token_cache c(2);
+  token_cache c(2, 1 << 20);
   std::vector<std::uint32_t> out;
-  c.insert(1, {1});
-  c.insert(2, {2});
-  EXPECT_TRUE(c.lookup(1, out)) << "1 is now the most recent";
-  c.insert(3, {3});
-  EXPECT_TRUE(c.peek(1, out));
-  EXPECT_FALSE(c.peek(2, out)) << "evicted";
-  EXPECT_TRUE(c.peek(3, out));
+  c.insert("m", "1", {1});
+  c.insert("m", "2", {2});
+  EXPECT_TRUE(c.lookup("m", "1", out)) << "1 is now the most recent";
+  c.insert("m", "3", {3});
+  EXPECT_TRUE(c.peek("m", "1", out));
+  EXPECT_FALSE(c.peek("m", "2", out)) << "evicted";
+  EXPECT_TRUE(c.peek("m", "3", out));
   EXPECT_EQ(c.stats().entries, 2u);
 }
 
+TEST(token_cache, bytes_are_bounded_too) {
+  std::vector<std::uint32_t> small(10), big(1000), out;
+  auto small_cost = token_cache::cost("m", "s0", small.size());
+  // Room for five small entries, not for a sixth.
+  token_cache c(100, 5 * small_cost + small_cost / 2);
+  for (int i = 0; i < 6; ++i)
+    c.insert("m", "s" + std::to_string(i), small);
+  EXPECT_EQ(c.stats().entries, 5u);
+  EXPECT_LE(c.stats().bytes, 5 * small_cost + small_cost / 2);
+  EXPECT_FALSE(c.peek("m", "s0", out)) << "the oldest made room";
+  EXPECT_TRUE(c.peek("m", "s5", out));
+  // An entry larger than the whole bound is not kept, and evicts nothing.
+  c.insert("m", "big", big);
+  EXPECT_FALSE(c.peek("m", "big", out));
+  EXPECT_EQ(c.stats().entries, 5u);
+  // One that fits evicts as many as it needs.
+  std::vector<std::uint32_t> three(3 * small.size() + 60);
+  c.insert("m", "s6", three);
+  EXPECT_TRUE(c.peek("m", "s6", out));
+  EXPECT_LE(c.stats().bytes, 5 * small_cost + small_cost / 2);
+  EXPECT_LT(c.stats().entries, 5u);
+}
+
 TEST(token_cache, capacity_zero_holds_nothing) {
-  token_cache c(0);
-  std::vector<std::uint32_t> out;
-  c.insert(1, {1});
-  EXPECT_FALSE(c.lookup(1, out));
-  EXPECT_EQ(c.stats().entries, 0u);
+  for (auto [entries, bytes] : {std::pair<std::size_t, std::size_t>{0, 1 << 20}, {8, 0}}) {
+    token_cache c(entries, bytes);
+    std::vector<std::uint32_t> out;
+    c.insert("m", "1", {1});
+    EXPECT_FALSE(c.lookup("m", "1", out));
+    EXPECT_EQ(c.stats().entries, 0u);
+    EXPECT_EQ(c.stats().bytes, 0u);
+  }
 }

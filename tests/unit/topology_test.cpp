@@ -124,6 +124,7 @@ launch = ["vllm", "serve", "llama"]
 cpu_weight = 0.25
 tie_margin = 0.1
 tier1_ttl_s = 60
+tokenize_cache_mib = 64
 
 [gateway]
 max_body_bytes = 1048576
@@ -160,6 +161,8 @@ max_attempts = 2
   EXPECT_DOUBLE_EQ(t.router.cpu_weight, 0.25);
   EXPECT_DOUBLE_EQ(t.router.tie_margin, 0.1);
   EXPECT_EQ(t.router.tier1_ttl.count(), 60);
+  EXPECT_EQ(t.router.tokenize_cache_mib, 64u);
+  EXPECT_EQ(t.router.tokenize_cache_entries, 4096u) << "defaults stay";
   EXPECT_EQ(t.gateway.max_body_bytes, 1048576u);
   EXPECT_EQ(t.gateway.request_timeout.count(), 120000);
   EXPECT_EQ(t.gateway.max_attempts, 2u);
@@ -234,6 +237,8 @@ TEST(topology, numbers_out_of_range) {
   EXPECT_TRUE(has_problem(
     problems_of(replace(valid_text(), "block_size = 16", "block_size = 16\nheartbeat_ms = 3000")),
     1, "connection_timeout_ms (5000) must exceed twice heartbeat_ms"));
+  EXPECT_TRUE(has_problem(problems_of(valid_text() + "[router]\ntokenize_cache_mib = -1\n"), 0,
+                          "tokenize_cache_mib = -1 is out of range [0, 1048576]"));
 }
 
 TEST(topology, duplicate_names_and_addresses) {
