@@ -4,6 +4,7 @@
 #include <csignal>
 #include <cstring>
 #include <fcntl.h>
+#include <functional>
 #include <poll.h>
 #include <stdexcept>
 #include <sys/wait.h>
@@ -119,11 +120,23 @@ std::optional<std::string> child_process::read_stderr_line(std::chrono::millisec
   return read_line(stderr_fd_, stderr_buffer_, timeout);
 }
 
-std::string child_process::read_stdout_all(std::chrono::milliseconds timeout) {
+namespace {
+
+std::string read_all(const std::function<std::optional<std::string>()>& next_line) {
   std::string all;
-  while (auto line = read_stdout_line(timeout))
+  while (auto line = next_line())
     all += *line + "\n";
   return all;
+}
+
+} // namespace
+
+std::string child_process::read_stdout_all(std::chrono::milliseconds timeout) {
+  return read_all([&] { return read_stdout_line(timeout); });
+}
+
+std::string child_process::read_stderr_all(std::chrono::milliseconds timeout) {
+  return read_all([&] { return read_stderr_line(timeout); });
 }
 
 void child_process::signal(int sig) {

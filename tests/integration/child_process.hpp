@@ -31,6 +31,9 @@ public:
   /// Everything left on stdout until EOF (or the deadline).
   std::string read_stdout_all(std::chrono::milliseconds timeout);
 
+  /// Everything left on stderr, likewise.
+  std::string read_stderr_all(std::chrono::milliseconds timeout);
+
   /// Sends a signal.
   void signal(int sig);
 

@@ -211,9 +211,7 @@ TEST(local_cluster, ctrl_c_leaves_nothing_running_and_the_demo_runs) {
   test::child_process demo({LLMGW_BINARY, "up", "--config", ports.dir + "/cluster.toml", "--demo",
                             "--exit-after-demo", "--logs", ports.dir + "/demo-logs"});
   auto out = demo.read_stdout_all(120s);
-  std::string err;
-  while (auto line = demo.read_stderr_line(1s))
-    err += *line + "\n";
+  auto err = demo.read_stderr_all(1s);
   EXPECT_EQ(demo.wait(30s), std::optional<int>(0)) << out << err;
   EXPECT_NE(out.find("through llmgw:"), std::string::npos) << out;
   EXPECT_NE(out.find("round-robin straight to the engines"), std::string::npos);
@@ -235,9 +233,7 @@ TEST(local_cluster, an_engine_that_cannot_listen_is_named_not_called_up) {
   test::child_process up({LLMGW_BINARY, "up", "--config", c.dir + "/cluster.toml", "--logs",
                           c.dir + "/logs", "--ready-timeout", "20"});
   auto out = up.read_stdout_all(60s);
-  std::string err;
-  while (auto line = up.read_stderr_line(1s))
-    err += *line + "\n";
+  auto err = up.read_stderr_all(1s);
   EXPECT_EQ(up.wait(30s), std::optional<int>(1)) << out << err;
   EXPECT_EQ(out.find("is up"), std::string::npos) << out;
   auto url = "http://127.0.0.1:" + std::to_string(c.engine_ports[3]);

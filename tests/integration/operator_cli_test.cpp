@@ -10,17 +10,6 @@
 using namespace std::chrono_literals;
 using llmgw::test::child_process;
 
-namespace {
-
-std::string all_stderr(child_process& proc) {
-  std::string out;
-  while (auto line = proc.read_stderr_line(5s))
-    out += *line + "\n";
-  return out;
-}
-
-} // namespace
-
 TEST(llmgw_check, lists_every_problem_with_its_line_and_fails) {
   llmgw::test::test_cluster c(
     {{"control-1", true, false, "127.0.0.1", {}},
@@ -39,7 +28,7 @@ TEST(llmgw_check, lists_every_problem_with_its_line_and_fails) {
                         "colour = \"blue\"\n\n[tls]\nplaintext = true\n\n[[node]]\n"
                         "name = \"a\"\nhost = \"10.1.2.3\"\nroles = [\"agent\"]\n";
   child_process proc({LLMGW_BINARY, "check", "--config", bad});
-  auto err = all_stderr(proc);
+  auto err = proc.read_stderr_all(5s);
   EXPECT_EQ(proc.wait(10s), 2);
   EXPECT_NE(err.find("has 4 problems"), std::string::npos) << err;
   EXPECT_NE(err.find(bad + ":3:13: cluster.hash_seed 'random' must be a decimal integer"),
@@ -54,7 +43,7 @@ TEST(llmgw_check, lists_every_problem_with_its_line_and_fails) {
 TEST(llmgw_node, refuses_what_it_cannot_run) {
   llmgw::test::test_cluster c({{"control-1", true, false, "127.0.0.1", {}}});
   child_process unknown({LLMGW_BINARY, "node", "--config", c.topology_path(), "--node", "nope"});
-  auto err = all_stderr(unknown);
+  auto err = unknown.read_stderr_all(5s);
   EXPECT_EQ(unknown.wait(10s), 2);
   EXPECT_NE(err.find("no node 'nope' in"), std::string::npos) << err;
   EXPECT_NE(err.find("(nodes: control-1)"), std::string::npos) << err;
@@ -70,7 +59,7 @@ TEST(llmgw_node, refuses_what_it_cannot_run) {
   auto swapped = c.dir() + "/swapped.toml";
   std::ofstream(swapped) << text;
   child_process mismatch({LLMGW_BINARY, "node", "--config", swapped, "--node", "control-1"});
-  err = all_stderr(mismatch);
+  err = mismatch.read_stderr_all(5s);
   EXPECT_EQ(mismatch.wait(10s), 2);
   EXPECT_NE(err.find("does not belong to certificate"), std::string::npos) << err;
 }
@@ -91,7 +80,7 @@ TEST(llmgw_certs, makes_a_ca_and_node_certificates_that_check_accepts) {
        "cert = \"pki/n2.pem\"\nkey = \"pki/n2.key\"\n";
   child_process check({LLMGW_BINARY, "check", "--config", dir + "/t.toml"});
   check.read_stdout_all(10s);
-  EXPECT_EQ(check.wait(10s), 0) << all_stderr(check);
+  EXPECT_EQ(check.wait(10s), 0) << check.read_stderr_all(5s);
   // Adding a node later keeps the CA: n1's certificate stays valid.
   child_process more({LLMGW_BINARY, "certs", "--out", dir + "/pki", "n3"});
   more.read_stdout_all(10s);
@@ -112,7 +101,7 @@ TEST(deploy, the_example_topology_is_valid) {
   ASSERT_EQ(certs.wait(10s), 0);
   child_process check({LLMGW_BINARY, "check", "--config", dir + "/three-machines.toml"});
   auto out = check.read_stdout_all(10s);
-  EXPECT_EQ(check.wait(10s), 0) << all_stderr(check);
+  EXPECT_EQ(check.wait(10s), 0) << check.read_stderr_all(5s);
   EXPECT_NE(out.find("cluster 'prod', 4 nodes, 4 engines"), std::string::npos) << out;
   std::system(("rm -rf " + dir).c_str());
 }
