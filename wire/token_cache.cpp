@@ -6,9 +6,10 @@ namespace llmgw::wire {
 
 namespace {
 
-/// Per entry beyond its bytes: the list node, the map node, three
-/// containers' headers; rounded up.
-constexpr std::size_t entry_overhead = 192;
+/// Per entry beyond its bytes, estimated for glibc on 64 bits: the list
+/// node with the entry's three containers (112 bytes), the map node and its
+/// bucket (40), and malloc's header on each of the five allocations.
+constexpr std::size_t entry_overhead = 256;
 
 } // namespace
 
@@ -33,17 +34,22 @@ token_cache::lru_list::iterator token_cache::find_locked(std::uint64_t h, std::s
   return lru_.end();
 }
 
+bool token_cache::take_locked(std::uint64_t h, std::string_view model, std::string_view body,
+                              std::vector<std::uint32_t>& out) {
+  auto it = find_locked(h, model, body);
+  if (it == lru_.end())
+    return false;
+  lru_.splice(lru_.begin(), lru_, it);
+  out = it->tokens;
+  return true;
+}
+
 bool token_cache::lookup(std::string_view model, std::string_view body,
                          std::vector<std::uint32_t>& out) {
   auto h = hash_(model, body);
   std::lock_guard<std::mutex> g(mtx_);
-  auto it = find_locked(h, model, body);
-  bool found = it != lru_.end();
+  bool found = take_locked(h, model, body, out);
   ++(found ? hits_ : misses_);
-  if (found) {
-    lru_.splice(lru_.begin(), lru_, it);
-    out = it->tokens;
-  }
   return found;
 }
 
@@ -51,12 +57,7 @@ bool token_cache::peek(std::string_view model, std::string_view body,
                        std::vector<std::uint32_t>& out) {
   auto h = hash_(model, body);
   std::lock_guard<std::mutex> g(mtx_);
-  auto it = find_locked(h, model, body);
-  if (it == lru_.end())
-    return false;
-  lru_.splice(lru_.begin(), lru_, it);
-  out = it->tokens;
-  return true;
+  return take_locked(h, model, body, out);
 }
 
 void token_cache::insert(std::string_view model, std::string_view body,

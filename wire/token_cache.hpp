@@ -68,6 +68,9 @@ private:
   using lru_list = std::list<entry>; ///< most recent first
 
   lru_list::iterator find_locked(std::uint64_t h, std::string_view model, std::string_view body);
+  /// Found: copied to `out` and made the most recent.
+  bool take_locked(std::uint64_t h, std::string_view model, std::string_view body,
+                   std::vector<std::uint32_t>& out);
   void evict_locked();
 
   hash_function hash_;
