@@ -252,6 +252,7 @@ void gateway::handle(http_request&& req, http_responder respond) {
     };
     bad("malformed", counters.bad_requests.load());
     bad("too_large", counters.too_large.load());
+    bad("unsupported", counters.unsupported.load());
     bad("timeout", counters.timeouts.load());
     bad("too_many_connections", counters.rejected_connections.load());
     auto cache = peers_.token_cache->stats();

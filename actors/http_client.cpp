@@ -12,12 +12,15 @@
 #include <boost/beast/http.hpp>
 
 #include <array>
+#include <cerrno>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <thread>
 #include <vector>
+
+#include <sys/socket.h>
 
 namespace llmgw {
 
@@ -44,79 +47,6 @@ bool split_http_url(const std::string& url, std::string& host, std::string& port
 
 namespace {
 
-/// One request: resolve, connect, write, read, each bounded by the deadline.
-class exchange : public std::enable_shared_from_this<exchange> {
-public:
-  exchange(asio::io_context& io, http::verb method, std::string host, std::string port,
-           const std::string& target, std::string body, std::chrono::milliseconds timeout,
-           std::function<void(http_response)> done)
-    : resolver_(io.get_executor()), stream_(resolver_.get_executor()), host_(std::move(host)),
-      port_(std::move(port)), timeout_(timeout), done_(std::move(done)) {
-    req_.method(method);
-    req_.target(target);
-    req_.version(11);
-    req_.set(http::field::host, host_ + ":" + port_);
-    if (!body.empty())
-      req_.set(http::field::content_type, "application/json");
-    req_.set(http::field::user_agent, "llmgw");
-    req_.body() = std::move(body);
-    req_.prepare_payload();
-  }
-
-  void start() {
-    auto self = shared_from_this();
-    stream_.expires_after(timeout_);
-    resolver_.async_resolve(
-      host_, port_, [self](beast::error_code ec, const tcp::resolver::results_type& results) {
-        if (ec)
-          return self->fail("resolve", ec);
-        self->stream_.async_connect(results, [self](beast::error_code ec2, const tcp::endpoint&) {
-          if (ec2)
-            return self->fail("connect", ec2);
-          self->write();
-        });
-      });
-  }
-
-private:
-  void write() {
-    auto self = shared_from_this();
-    http::async_write(stream_, req_, [self](beast::error_code ec, std::size_t) {
-      if (ec)
-        return self->fail("write", ec);
-      self->parser_.body_limit(64u << 20);
-      http::async_read(self->stream_, self->buffer_, self->parser_,
-                       [self](beast::error_code ec2, std::size_t) {
-                         if (ec2)
-                           return self->fail("read", ec2);
-                         http_response r;
-                         r.status = static_cast<int>(self->parser_.get().result_int());
-                         r.body = std::move(self->parser_.get().body());
-                         beast::error_code ignored;
-                         self->stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
-                         self->done_(std::move(r));
-                       });
-    });
-  }
-
-  void fail(const char* what, const beast::error_code& ec) {
-    http_response r;
-    r.error = ec == beast::error::timeout ? std::string(what) + ": timed out"
-                                          : std::string(what) + ": " + ec.message();
-    done_(std::move(r));
-  }
-
-  tcp::resolver resolver_;
-  beast::tcp_stream stream_;
-  std::string host_;
-  std::string port_;
-  std::chrono::milliseconds timeout_;
-  std::function<void(http_response)> done_;
-  http::request<http::string_body> req_;
-  beast::flat_buffer buffer_;
-  http::response_parser<http::string_body> parser_;
-};
-
 /// Connections run on the client's one-thread loop, with its executor named
 /// rather than type-erased (any_io_executor costs per operation).
 using executor = asio::io_context::executor_type;
@@ -132,6 +62,17 @@ struct upstream_connection {
   char chunk[16384];
 };
 
+/// True if an idle connection is still fit to carry a request: the upstream
+/// has neither closed it (a keep-alive timeout: uvicorn closes idle
+/// connections after a few seconds) nor sent anything unasked. Bytes on an
+/// idle connection belong to no request of ours, and the next caller must
+/// never read them as its answer.
+bool quiet(upstream_connection& c) {
+  char byte;
+  auto n = ::recv(c.socket.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
 /// Idle keep-alive connections to upstreams, by "host:port": a proxied
 /// request need not pay a TCP connect.
 struct connection_pool {
@@ -139,14 +80,19 @@ struct connection_pool {
   std::mutex mtx;
   std::map<std::string, std::vector<std::unique_ptr<upstream_connection>>> idle;
 
+  /// An idle connection that is still quiet, or null; the others are closed.
   std::unique_ptr<upstream_connection> take(const std::string& key) {
     std::lock_guard<std::mutex> g(mtx);
     auto it = idle.find(key);
-    if (it == idle.end() || it->second.empty())
-      return nullptr;
-    auto s = std::move(it->second.back());
-    it->second.pop_back();
-    return s;
+    while (it != idle.end() && !it->second.empty()) {
+      auto s = std::move(it->second.back());
+      it->second.pop_back();
+      if (quiet(*s))
+        return s;
+      beast::error_code ignored;
+      s->socket.close(ignored);
+    }
+    return nullptr;
   }
 
   void give(const std::string& key, std::unique_ptr<upstream_connection> s) {
@@ -158,9 +104,10 @@ struct connection_pool {
 };
 
 /// Headers a request must not carry twice or from the caller: this client
-/// frames the request itself.
+/// frames the request itself, and sends its body at once (never waiting for
+/// a 100 Continue, so it asks for none).
 bool framing_header(const std::string& name) {
-  for (const char* h : {"host", "content-length", "transfer-encoding", "connection"})
+  for (const char* h : {"host", "content-length", "transfer-encoding", "connection", "expect"})
     if (beast::iequals(name, h))
       return true;
   return false;
@@ -168,8 +115,12 @@ bool framing_header(const std::string& name) {
 
 /// A streamed call: head first, then the body as it arrives. It uses an idle
 /// pooled connection when there is one (trying a fresh one if that turns
-/// out closed before any response byte) and gives its connection back when
-/// the response ended cleanly. Everything after start() runs on the loop.
+/// out closed before any response byte). Interim answers (100 Continue, 103
+/// Early Hints: a server may send them unasked) are read and skipped: only
+/// the final answer is the caller's. The connection goes back to the pool
+/// only after a complete, well-framed final answer with nothing read beyond
+/// it; in any other state it is closed, so no later call can read what
+/// belonged to this one. Everything after start() runs on the loop.
 class streaming_call : public http_call, public std::enable_shared_from_this<streaming_call> {
 public:
   streaming_call(asio::io_context& io, std::shared_ptr<connection_pool> pool,
@@ -312,23 +263,38 @@ private:
           return;
         return self->finish(self->describe("write", ec));
       }
-      self->parser_.emplace();
-      self->parser_->body_limit(boost::none); // streamed through, not held
       self->stream_->buffer.clear();
-      http::async_read_header(self->stream_->socket, self->stream_->buffer, *self->parser_,
-                              [self](beast::error_code ec2, std::size_t) {
-                                if (ec2) {
-                                  if (self->retry_fresh())
-                                    return;
-                                  return self->finish(self->describe("read", ec2));
-                                }
-                                self->on_head();
-                              });
+      self->read_head();
     });
   }
 
+  /// Reads a response head; an interim one is skipped and the next read
+  /// (what follows it may already be in the buffer).
+  void read_head() {
+    parser_.emplace();
+    parser_->body_limit(boost::none); // streamed through, not held
+    auto self = shared_from_this();
+    http::async_read_header(stream_->socket, stream_->buffer, *parser_,
+                            [self](beast::error_code ec, std::size_t) {
+                              if (ec) {
+                                if (self->retry_fresh())
+                                  return;
+                                return self->finish(self->describe("read", ec));
+                              }
+                              self->got_head_ = true; // the request arrived: never resent
+                              auto status = self->parser_->get().result_int();
+                              if (status >= 200)
+                                return self->on_head();
+                              if (status == 101) // no Upgrade is ever sent
+                                return self->finish("read: an unasked switch of protocols (101)");
+                              if (++self->interim_ > max_interim)
+                                return self->finish("read: more than " + std::to_string(max_interim)
+                                                    + " interim (1xx) answers");
+                              self->read_head();
+                            });
+  }
+
   void on_head() {
-    got_head_ = true;
     const auto& res = parser_->get();
     std::vector<std::pair<std::string, std::string>> headers;
     for (const auto& f : res)
@@ -389,8 +355,11 @@ private:
   std::string head_;
   std::string body_;
   std::optional<http::response_parser<http::buffer_body>> parser_;
+  /// Interim answers skipped before the final one; a server sending more is broken.
+  static constexpr int max_interim = 16;
+  int interim_ = 0;
   bool reused_ = false;
-  bool got_head_ = false;
+  bool got_head_ = false; ///< some response head, interim or final, was read
   bool cancelled_ = false;
   bool timed_out_ = false;
   bool done_ = false;
@@ -423,19 +392,45 @@ void http_client::request(const std::string& method, const std::string& base_url
                           const std::string& target, std::string body,
                           std::chrono::milliseconds timeout,
                           std::function<void(http_response)> done) {
-  std::string host, port;
-  if (!split_http_url(base_url, host, port)) {
-    done(http_response{0, {}, "not an http://HOST:PORT URL: " + base_url});
-    return;
-  }
-  auto verb = http::string_to_verb(method);
-  if (verb == http::verb::unknown) {
-    done(http_response{0, {}, "not an HTTP method: " + method});
-    return;
-  }
-  std::make_shared<exchange>(impl_->io(), verb, std::move(host), std::move(port), target,
-                             std::move(body), timeout, std::move(done))
-    ->start();
+  // A streamed call that collects the body: one implementation of framing,
+  // interim answers and pooling for both kinds of call.
+  struct collected {
+    http_response response;
+    bool too_large = false;
+    std::weak_ptr<http_call> call;
+  };
+  static constexpr std::size_t max_body = 64u << 20;
+  auto c = std::make_shared<collected>();
+  http_call_handlers h;
+  h.on_head = [c](int status, const std::vector<std::pair<std::string, std::string>>&) {
+    c->response.status = status;
+  };
+  h.on_data = [c](const std::string& data) {
+    if (c->too_large)
+      return;
+    if (c->response.body.size() + data.size() > max_body) {
+      c->too_large = true;
+      if (auto call = c->call.lock())
+        call->cancel();
+      return;
+    }
+    c->response.body += data;
+  };
+  h.on_done = [c, done = std::move(done)](const std::string& error) {
+    auto r = std::move(c->response);
+    if (c->too_large || !error.empty()) {
+      r.status = 0;
+      r.body.clear();
+      r.error =
+        c->too_large ? "read: the body exceeds " + std::to_string(max_body) + " bytes" : error;
+    }
+    done(std::move(r));
+  };
+  std::vector<std::pair<std::string, std::string>> headers;
+  if (!body.empty())
+    headers.emplace_back("Content-Type", "application/json");
+  c->call =
+    call(method, base_url, target, std::move(body), headers, timeout, timeout, std::move(h));
 }
 
 std::shared_ptr<http_call>

@@ -222,7 +222,15 @@ public:
                     const std::vector<std::pair<std::string, std::string>>& headers) {
     std::string head;
     append_head(head, status, content_type, headers);
-    head += "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n";
+    if (std::none_of(headers.begin(), headers.end(),
+                     [](const auto& h) { return beast::iequals(h.first, "cache-control"); }))
+      head += "Cache-Control: no-cache\r\n";
+    // HTTP/1.0 knows no chunked coding: its stream ends when the connection
+    // closes.
+    if (http10_)
+      keep_alive_ = false;
+    else
+      head += "Transfer-Encoding: chunked\r\n";
     head += keep_alive_ ? "\r\n" : "Connection: close\r\n\r\n";
     queue_.push_back({piece::header, std::move(head)});
     pump();
@@ -291,9 +299,53 @@ private:
     if (ec)
       return on_error(ec);
     deadline_ = clock::now() + srv_->limits.read_timeout;
+    const auto& head = parser_->get();
+    http10_ = head.version() < 11;
+    // Only chunked is a transfer coding this server decodes (RFC 9112,
+    // section 6.1: 501 for any other).
+    auto codings = head.equal_range(http::field::transfer_encoding);
+    for (auto te = codings.first; te != codings.second; ++te)
+      if (!beast::iequals(te->value(), "chunked"))
+        return refuse_request(501, "NotImplementedError",
+                              "the transfer coding '" + std::string(te->value())
+                                + "' is not supported; only chunked is");
+    // Expect is answered here and never passed on: 100 Continue before the
+    // body is read (a client may wait for it), 417 for any other expectation.
+    auto expect = head[http::field::expect];
+    if (!expect.empty()) {
+      if (!beast::iequals(expect, "100-continue"))
+        return refuse_request(417, "BadRequestError",
+                              "the expectation '" + std::string(expect)
+                                + "' is not supported; only 100-continue is");
+      if (!http10_ && !parser_->is_done())
+        return send_continue();
+    }
+    read_body();
+  }
+
+  void send_continue() {
+    static constexpr char interim[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    auto self = shared_from_this();
+    asio::async_write(socket_, asio::buffer(interim, sizeof interim - 1),
+                      [self](beast::error_code ec, std::size_t) {
+                        if (ec)
+                          return self->close();
+                        self->read_body();
+                      });
+  }
+
+  void read_body() {
     auto self = shared_from_this();
     http::async_read(socket_, buffer_, *parser_,
-                     [self](beast::error_code ec2, std::size_t) { self->on_body(ec2); });
+                     [self](beast::error_code ec, std::size_t) { self->on_body(ec); });
+  }
+
+  /// Answers a request this server will not read with `status` and closes.
+  void refuse_request(int status, const char* type, const std::string& message) {
+    ++srv_->counters.unsupported;
+    keep_alive_ = false;
+    write_whole(
+      http_reply{status, "application/json", wire::openai_error_json(message, type, status), {}});
   }
 
   void on_error(const beast::error_code& ec) {
@@ -307,6 +359,10 @@ private:
       r.body = wire::openai_error_json("the request body exceeds "
                                          + std::to_string(srv_->limits.max_body_bytes) + " bytes",
                                        "BadRequestError", 413);
+    } else if (ec == http::error::bad_transfer_encoding) {
+      // Beast's parser stops here when chunked is not the last coding.
+      return refuse_request(501, "NotImplementedError",
+                            "the request's transfer coding is not supported; only chunked is");
     } else if (ec == http::error::header_limit) {
       ++srv_->counters.too_large;
       r.status = 431;
@@ -416,7 +472,13 @@ private:
         return self->answer_done(true);
       self->pump();
     };
-    if (front.what == piece::chunk) {
+    if (front.what == piece::last && http10_) {
+      // A close-delimited stream ends with the connection (answer_done).
+      writing_ = false;
+      queue_.pop_front();
+      return answer_done(true);
+    }
+    if (front.what == piece::chunk && !http10_) {
       char size[24];
       auto len = std::snprintf(size, sizeof size, "%zx\r\n", front.data.size());
       chunk_size_.assign(size, static_cast<std::size_t>(len));
@@ -478,6 +540,7 @@ private:
   std::string body_;       ///< and its body
   std::string chunk_size_; ///< the chunk being written's size line
   bool keep_alive_ = true;
+  bool http10_ = false; ///< the request was HTTP/1.0: no 1xx, no chunked answers
   bool watching_ = false;
   bool answer_complete_ = true;
   bool closed_ = false;

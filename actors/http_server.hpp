@@ -117,8 +117,9 @@ struct http_server_counters {
   std::atomic<std::uint64_t> rejected_connections{0}; ///< over max_connections
   std::atomic<std::uint64_t> bad_requests{0};         ///< malformed: 400
   std::atomic<std::uint64_t> too_large{0};            ///< body or header over the limit
-  std::atomic<std::uint64_t> timeouts{0};             ///< read or idle deadline passed
-  std::atomic<std::uint64_t> disconnects{0};          ///< clients gone before their answer
+  std::atomic<std::uint64_t> unsupported{0}; ///< an expectation or transfer coding: 417, 501
+  std::atomic<std::uint64_t> timeouts{0};    ///< read or idle deadline passed
+  std::atomic<std::uint64_t> disconnects{0}; ///< clients gone before their answer
 };
 
 class http_server {

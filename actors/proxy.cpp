@@ -31,9 +31,13 @@ bool iequals(std::string_view a, std::string_view b) {
 }
 
 /// Headers a proxy must not pass on (hop-by-hop, or framing it redoes).
+/// Expect is answered by the gateway's own server (100 Continue) before the
+/// body is read; passed on, it would make the engine send an interim answer.
 bool hop_by_hop(std::string_view name) {
   using namespace std::string_view_literals;
   static constexpr std::string_view names[] = {"connection"sv,
+                                               "proxy-connection"sv,
+                                               "expect"sv,
                                                "keep-alive"sv,
                                                "proxy-authenticate"sv,
                                                "proxy-authorization"sv,
@@ -49,6 +53,39 @@ bool hop_by_hop(std::string_view name) {
     if (iequals(name, h))
       return true;
   return false;
+}
+
+using header_list = std::vector<std::pair<std::string, std::string>>;
+
+/// The header names a message's Connection headers list: they are meant for
+/// this hop alone (RFC 9110, section 7.6.1), and a proxy drops them too.
+std::vector<std::string_view> connection_options(const header_list& headers) {
+  std::vector<std::string_view> names;
+  for (const auto& [k, v] : headers) {
+    if (!iequals(k, "connection"))
+      continue;
+    std::string_view rest = v;
+    while (!rest.empty()) {
+      auto comma = rest.find(',');
+      auto token = rest.substr(0, comma);
+      while (!token.empty() && (token.front() == ' ' || token.front() == '\t'))
+        token.remove_prefix(1);
+      while (!token.empty() && (token.back() == ' ' || token.back() == '\t'))
+        token.remove_suffix(1);
+      if (!token.empty())
+        names.push_back(token);
+      rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    }
+  }
+  return names;
+}
+
+/// True unless `name` is hop-by-hop or listed in `named` (connection_options).
+bool end_to_end(std::string_view name, const std::vector<std::string_view>& named) {
+  if (hop_by_hop(name))
+    return false;
+  return std::none_of(named.begin(), named.end(),
+                      [name](std::string_view n) { return iequals(n, name); });
 }
 
 double since(std::chrono::steady_clock::time_point t) {
@@ -101,8 +138,9 @@ private:
     decision_.dp_rank = d.dp_rank;
     tried_.push_back(d.replica);
     std::vector<std::pair<std::string, std::string>> headers;
+    auto named = connection_options(req_.headers);
     for (const auto& [k, v] : req_.headers)
-      if (!hop_by_hop(k) && !iequals(k, "x-data-parallel-rank"))
+      if (end_to_end(k, named) && !iequals(k, "x-data-parallel-rank"))
         headers.emplace_back(k, v);
     if (d.dp_rank >= 0) {
       const auto* e = ctx_.topo->find_engine(d.replica);
@@ -137,12 +175,13 @@ private:
     status_ = status;
     std::string content_type = "application/json";
     bool chunked = false;
+    auto named = connection_options(headers);
     for (const auto& [k, v] : headers) {
       if (iequals(k, "content-type"))
         content_type = v;
       else if (iequals(k, "transfer-encoding"))
         chunked = true;
-      else if (!hop_by_hop(k))
+      else if (end_to_end(k, named))
         relay_headers_.emplace_back(k, v);
     }
     relay_headers_.emplace_back("x-llmgw-replica", decision_.replica);

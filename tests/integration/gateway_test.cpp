@@ -8,6 +8,7 @@
 #include "actors/router.hpp"
 #include "actors/tokenizer.hpp"
 #include "messages/registration.hpp"
+#include "tests/integration/interim_engine.hpp"
 #include "wire/block_hash.hpp"
 
 #include <boost/json.hpp>
@@ -116,6 +117,9 @@ struct gateway_test : ::testing::Test {
   std::unique_ptr<gateway> gw;
   http_client client;
 
+  /// The URL the topology gives replica `e` (e0 or e1).
+  virtual std::string url_of(const fake_engine& e) const { return e.url(); }
+
   void SetUp() override {
     topo->seed = "0";
     topo->block_size = 4;
@@ -132,7 +136,7 @@ struct gateway_test : ::testing::Test {
       wire::engine_spec spec;
       spec.replica = e->name;
       spec.model = "m";
-      spec.url = e->url();
+      spec.url = url_of(*e);
       spec.kv_events = true;
       spec.dp_size = 2;
       a.engines.push_back(spec);
@@ -366,4 +370,112 @@ TEST_F(gateway_test, finished_requests_leave_no_load_behind) {
   EXPECT_EQ(outstanding("e1"), 0);
   EXPECT_EQ(e0.requests(), 3u) << "by load, in turn";
   EXPECT_EQ(e1.requests(), 3u);
+}
+
+namespace {
+
+/// The gateway in front of engines that send interim answers (100, 103)
+/// before each final one, as uvicorn and Python's http.server may.
+struct interim_gateway_test : gateway_test {
+  test::interim_engine i0, i1;
+  std::string url_of(const fake_engine& e) const override {
+    return &e == &e0 ? i0.url() : i1.url();
+  }
+};
+
+/// A request with a marker only its sender knows; the engines echo the body.
+std::string marked_body(int client, int request) {
+  return R"({"model": "m", "prompt": [1, 2, 3, 4, 5], "max_tokens": 1, "user": "client-)"
+         + std::to_string(client) + "-request-" + std::to_string(request) + R"("})";
+}
+
+} // namespace
+
+TEST_F(interim_gateway_test, concurrent_clients_each_get_exactly_their_own_answer) {
+  // Before: the engine's 100 went to the client as its answer, and the pooled
+  // connection carried the real answer to the next client.
+  constexpr int clients = 8, requests = 6;
+  std::vector<std::thread> threads;
+  std::atomic<int> own{0};
+  std::mutex mtx;
+  std::vector<std::string> wrong;
+  for (int c = 0; c < clients; ++c)
+    threads.emplace_back([&, c] {
+      http_client mine; // a connection of its own
+      for (int r = 0; r < requests; ++r) {
+        auto body = marked_body(c, r);
+        std::promise<std::pair<int, std::string>> got;
+        auto answer = std::make_shared<std::pair<int, std::string>>();
+        mine.call("POST", base(), "/v1/completions", body, {}, 2s, 10s,
+                  {[answer](int s, const std::vector<std::pair<std::string, std::string>>&) {
+                     answer->first = s;
+                   },
+                   [answer](const std::string& d) { answer->second += d; },
+                   [&got, answer](const std::string&) { got.set_value(*answer); }});
+        auto f = got.get_future();
+        if (f.wait_for(15s) != std::future_status::ready)
+          return;
+        auto [status, text] = f.get();
+        if (status == 200 && text == body) {
+          ++own;
+        } else {
+          std::lock_guard<std::mutex> g(mtx);
+          wrong.push_back(body + " got " + std::to_string(status) + " " + text);
+        }
+      }
+    });
+  for (auto& t : threads)
+    t.join();
+  EXPECT_EQ(own.load(), clients * requests);
+  for (const auto& w : wrong)
+    ADD_FAILURE() << w;
+  EXPECT_GT(i0.reused() + i1.reused(), 0) << "upstream connections were pooled and reused";
+}
+
+TEST_F(interim_gateway_test, expect_is_answered_by_the_gateway_and_never_forwarded) {
+  auto body = marked_body(0, 0);
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(gw->port());
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  std::string head = "POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: "
+                     "application/json\r\nExpect: 100-continue\r\nConnection: close, X-Secret"
+                     "\r\nX-Secret: s3cret\r\nX-Kept: yes\r\nContent-Length: "
+                     + std::to_string(body.size()) + "\r\n\r\n";
+  ASSERT_EQ(::send(fd, head.data(), head.size(), MSG_NOSIGNAL), static_cast<ssize_t>(head.size()));
+  std::string got;
+  char buf[4096];
+  while (got.find("\r\n\r\n") == std::string::npos) { // the client waits for 100 to send
+    auto n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0)
+      break;
+    got.append(buf, static_cast<std::size_t>(n));
+  }
+  EXPECT_EQ(got, "HTTP/1.1 100 Continue\r\n\r\n") << "the gateway's own 100";
+  ::send(fd, body.data(), body.size(), MSG_NOSIGNAL);
+  for (;;) {
+    auto n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0)
+      break;
+    got.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  auto final_at = got.find("HTTP/1.1 200 OK\r\n");
+  EXPECT_EQ(final_at, std::string("HTTP/1.1 100 Continue\r\n\r\n").size())
+    << "no interim answer of the engine's reaches the client: " << got;
+  EXPECT_EQ(got.substr(got.size() - body.size()), body) << got;
+  EXPECT_EQ(got.find("X-Hop"), std::string::npos)
+    << "the engine's Connection header named it for its hop alone: " << got;
+  auto heads = i0.heads();
+  auto more = i1.heads();
+  heads.insert(heads.end(), more.begin(), more.end());
+  ASSERT_EQ(heads.size(), 1u);
+  EXPECT_EQ(heads[0].find("expect:"), std::string::npos) << heads[0];
+  EXPECT_EQ(heads[0].find("x-secret"), std::string::npos)
+    << "a header the Connection header names is for one hop only: " << heads[0];
+  EXPECT_NE(heads[0].find("x-kept: yes"), std::string::npos) << heads[0];
 }

@@ -4,6 +4,7 @@
 #include "actors/http_server.hpp"
 #include "actors/tokenizer.hpp"
 #include "messages/registration.hpp"
+#include "tests/integration/interim_engine.hpp"
 
 #include <boost/json.hpp>
 #include <caf/all.hpp>
@@ -708,4 +709,121 @@ TEST(http_client, a_refused_call_reports_before_any_head) {
   ASSERT_EQ(done.wait_for(5s), std::future_status::ready);
   EXPECT_EQ(done.get().rfind("connect: ", 0), 0u);
   EXPECT_EQ(log.status, 0) << "no head: a proxy may try elsewhere";
+}
+
+namespace {
+
+/// One streamed call, waited for: what it got, and how it ended.
+struct call_result {
+  int status = 0;
+  std::string body;
+  std::string error;
+};
+
+call_result call_once(http_client& client, const std::string& url, const std::string& body) {
+  call_log log;
+  client.call("POST", url, "/v1/completions", body, {}, 1000ms, 5000ms, log.handlers());
+  auto done = log.done.get_future();
+  EXPECT_EQ(done.wait_for(5s), std::future_status::ready);
+  call_result r;
+  r.error = done.get();
+  r.status = log.status;
+  r.body = log.joined();
+  return r;
+}
+
+} // namespace
+
+TEST(http_client, interim_answers_are_skipped_and_each_call_reads_its_own_answer) {
+  // Before: the 100 was taken for the final answer, the connection went back
+  // to the pool with the real answer still coming, and each later call read
+  // the answer of the call before it.
+  test::interim_engine engine;
+  http_client client;
+  for (int i = 0; i < 4; ++i) {
+    auto body = R"({"call":)" + std::to_string(i) + "}";
+    auto r = call_once(client, engine.url(), body);
+    EXPECT_EQ(r.error, "");
+    EXPECT_EQ(r.status, 200) << "call " << i;
+    EXPECT_EQ(r.body, body) << "call " << i << " read another call's answer";
+  }
+  EXPECT_EQ(engine.reused(), 3) << "one connection, reused after each complete final answer";
+  auto whole = post(engine.port(), "/tokenize", R"({"whole":1})");
+  EXPECT_EQ(whole.status, 200) << whole.error;
+  EXPECT_EQ(whole.body, R"({"whole":1})");
+}
+
+TEST(http_client, a_pooled_connection_with_unasked_bytes_is_not_reused) {
+  // A broken upstream sends a second answer after the first: it belongs to
+  // no call, and the next call must not read it as its own.
+  test::interim_engine engine;
+  engine.send_strays();
+  http_client client;
+  EXPECT_EQ(call_once(client, engine.url(), R"({"n":1})").body, R"({"n":1})");
+  for (int i = 0; i < 500 && engine.strays_sent() == 0; ++i)
+    std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(engine.strays_sent(), 1);
+  auto second = call_once(client, engine.url(), R"({"n":2})");
+  EXPECT_EQ(second.status, 200);
+  EXPECT_EQ(second.body, R"({"n":2})") << "the stray answer was read as this call's";
+  EXPECT_EQ(engine.reused(), 0) << "the connection that carried a stray answer was closed";
+}
+
+TEST(http_server, expect_100_continue_is_answered_here_and_other_expectations_refused) {
+  http_server server("127.0.0.1", 0, 1, {}, echo_handler());
+  raw_client c(server.port());
+  c.send("POST /e HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n");
+  auto interim = c.read_until("\r\n\r\n");
+  EXPECT_EQ(interim, "HTTP/1.1 100 Continue\r\n\r\n") << "the client waits for it to send";
+  c.send("body");
+  auto got = c.read_until("POST /e body");
+  EXPECT_NE(got.find("HTTP/1.1 200 OK\r\n"), std::string::npos) << got;
+  auto other = raw_exchange(server.port(), "POST / HTTP/1.1\r\nHost: x\r\nExpect: magic\r\n"
+                                           "Content-Length: 1\r\n\r\nx");
+  EXPECT_EQ(other.rfind("HTTP/1.1 417", 0), 0u) << other;
+  EXPECT_NE(other.find("'magic' is not supported"), std::string::npos) << other;
+  EXPECT_EQ(server.counters().unsupported.load(), 1u);
+}
+
+TEST(http_server, a_transfer_coding_other_than_chunked_gets_501) {
+  http_server server("127.0.0.1", 0, 1, {}, echo_handler());
+  for (const char* coding : {"gzip", "gzip, chunked", "identity"}) {
+    auto got = raw_exchange(server.port(), std::string("POST / HTTP/1.1\r\nHost: x\r\n"
+                                                       "Transfer-Encoding: ")
+                                             + coding + "\r\n\r\n1\r\nx\r\n0\r\n\r\n");
+    EXPECT_EQ(got.rfind("HTTP/1.1 501", 0), 0u) << coding << ": " << got;
+  }
+  EXPECT_EQ(server.counters().unsupported.load(), 3u);
+  auto chunked = raw_exchange(server.port(), "POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: "
+                                             "chunked\r\nConnection: close\r\n\r\n"
+                                             "1\r\nx\r\n0\r\n\r\n");
+  EXPECT_NE(chunked.find("POST /c x"), std::string::npos) << chunked;
+}
+
+TEST(http_server, a_stream_to_an_http10_client_is_close_delimited_with_one_cache_control) {
+  std::vector<std::thread> workers;
+  http_server server("127.0.0.1", 0, 1, {}, [&](http_request&&, http_responder respond) {
+    workers.emplace_back([respond] {
+      auto s = respond.stream(200, "text/event-stream", {{"Cache-Control", "no-store"}});
+      s.write("data: one\n\n");
+      s.write("data: two\n\n");
+      s.end();
+    });
+  });
+  auto old = raw_exchange(server.port(), "GET /sse HTTP/1.0\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(old.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << old;
+  EXPECT_EQ(old.find("chunked"), std::string::npos) << "HTTP/1.0 has no chunked coding: " << old;
+  EXPECT_NE(old.find("Connection: close\r\n"), std::string::npos) << old;
+  EXPECT_EQ(old.substr(old.find("\r\n\r\n") + 4), "data: one\n\ndata: two\n\n") << old;
+  auto modern =
+    raw_exchange(server.port(), "GET /sse HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_NE(modern.find("Transfer-Encoding: chunked"), std::string::npos) << modern;
+  for (const auto& got : {old, modern}) {
+    auto first = got.find("Cache-Control");
+    EXPECT_NE(first, std::string::npos) << got;
+    EXPECT_EQ(got.find("Cache-Control", first + 1), std::string::npos) << "twice: " << got;
+    EXPECT_NE(got.find("Cache-Control: no-store\r\n"), std::string::npos) << "the handler's own";
+  }
+  for (auto& w : workers)
+    w.join();
 }
