@@ -149,6 +149,8 @@ agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg) {
     fo.control = c.name;
     fo.flush_interval = cfg.flush_interval;
     fo.window = cfg.window;
+    fo.identity = cfg.identity;
+    fo.control_fingerprints = c.fingerprints;
     auto f = sys.spawn(forwarder, fo, out.mirrors,
                        middleman_connector(c.host, c.port, cfg.connect_timeout));
     out.actors.push_back(caf::actor_cast<caf::actor>(f));

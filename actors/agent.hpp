@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,7 @@ struct agent_control_config {
   std::string name;
   std::string host;
   std::uint16_t port = 0;
+  std::vector<std::string> fingerprints; ///< the certificates it may present (empty: any)
 };
 
 struct agent_config {
@@ -37,6 +39,9 @@ struct agent_config {
   std::chrono::milliseconds flush_interval{250};
   std::uint64_t window = 64;
   std::chrono::milliseconds connect_timeout{5000};
+  /// This node's certificate and key (null in a plaintext cluster): each
+  /// forwarder proves the node's name with it.
+  std::shared_ptr<const wire::node_identity> identity;
 };
 
 /// What start_agent made, and what happened per engine.

@@ -67,22 +67,99 @@ void refuse_session(self_ptr self, const std::string& node, const std::string& r
   auto& st = self->state;
   ++st.sessions_refused[reason];
   LLMGW_LOG(error, who(st), "refused a session claiming node '{}' ({}): {}", node, reason, detail);
-  self->send(fwd, refused_atom::value, session, detail);
+  if (fwd)
+    self->send(fwd, refused_atom::value, session, detail);
 }
 
-void accept(self_ptr self, const std::string& node) {
+/// Ends a session attempt as refused; the node's current session stays.
+void refuse_attempt(self_ptr self, std::uint64_t session, const std::string& reason,
+                    const std::string& detail) {
   auto& st = self->state;
-  auto& s = st.sessions[node];
-  s.accepted = true;
+  auto it = st.attempts.find(session);
+  if (it == st.attempts.end())
+    return;
+  auto a = std::move(it->second);
+  st.attempts.erase(it);
+  if (!st.watched(a.forwarder))
+    self->demonitor(a.forwarder.address());
+  refuse_session(self, a.node, reason, session, a.forwarder, detail);
+}
+
+/// The attempt proved itself (and came from the node's host): it becomes
+/// the node's session, replacing any earlier one.
+void accept(self_ptr self, std::uint64_t session) {
+  auto& st = self->state;
+  auto it = st.attempts.find(session);
+  if (it == st.attempts.end())
+    return;
+  auto a = std::move(it->second);
+  st.attempts.erase(it);
+  auto old = st.sessions.find(a.node);
+  if (old != st.sessions.end()) {
+    auto previous = old->second;
+    st.sessions.erase(old);
+    if (previous.forwarder != a.forwarder) {
+      if (!st.watched(previous.forwarder))
+        self->demonitor(previous.forwarder.address());
+      // A forwarder that is still alive must learn it is no longer heard.
+      self->send(previous.forwarder, refused_atom::value, previous.id,
+                 std::string("replaced by a newer session of this node"));
+    }
+    drop_replicas_of(self, a.node, wire::drop_reason::session);
+  }
+  auto& s = st.sessions[a.node];
+  s.id = session;
+  s.forwarder = a.forwarder;
+  s.key = std::move(a.key);
   ++st.sessions_started;
-  LLMGW_LOG(info, who(st), "session {} of agent node '{}' accepted", s.id, node);
-  auto pending = std::move(s.pending);
-  s.pending.clear();
-  for (const auto& u : pending)
+  LLMGW_LOG(info, who(st), "session {} of agent node '{}' accepted", session, a.node);
+  for (const auto& u : a.pending)
     handle_update(self, s, u);
 }
 
+/// The address check, once the agent proved its name.
+void check_address(self_ptr self, std::uint64_t session) {
+  auto& st = self->state;
+  auto& a = st.attempts.at(session);
+  auto allowed = st.opts.agent_addresses.find(a.node);
+  if (allowed == st.opts.agent_addresses.end() || allowed->second.empty())
+    return accept(self, session);
+  // Where does this connection come from? Ask the middleman, then decide.
+  auto mm = self->system().middleman().actor_handle();
+  self->request(mm, std::chrono::seconds(10), caf::get_atom::value, a.forwarder.node())
+    .then(
+      [self, session](const caf::node_id&, const std::string& addr, std::uint16_t) {
+        auto& st = self->state;
+        auto it = st.attempts.find(session);
+        if (it == st.attempts.end())
+          return; // timed out or gone meanwhile
+        const auto& ok = st.opts.agent_addresses[it->second.node];
+        if (ok.count(addr))
+          return accept(self, session);
+        std::string hosts;
+        for (const auto& h : ok)
+          hosts += (hosts.empty() ? "" : ", ") + h;
+        refuse_attempt(self, session, "address",
+                       "the connection comes from '" + addr + "', not from node '" + it->second.node
+                         + "''s host (" + hosts + ")");
+      },
+      [self, session](const caf::error& err) {
+        refuse_attempt(self, session, "address",
+                       "could not look up the connection's address: " + self->system().render(err));
+      });
+}
+
 } // namespace
+
+bool control_state::watched(const forwarder_actor& f) const {
+  for (const auto& [node, s] : sessions)
+    if (s.forwarder == f)
+      return true;
+  for (const auto& [id, a] : attempts)
+    if (a.forwarder == f)
+      return true;
+  return false;
+}
 
 control_actor::behavior_type control(control_actor::stateful_pointer<control_state> self,
                                      control_options opts, router_actor router) {
@@ -90,6 +167,8 @@ control_actor::behavior_type control(control_actor::stateful_pointer<control_sta
   self->state.router = std::move(router);
   self->set_down_handler([self](const caf::down_msg& dm) {
     auto& st = self->state;
+    for (auto it = st.attempts.begin(); it != st.attempts.end();)
+      it = it->second.forwarder.address() == dm.source ? st.attempts.erase(it) : std::next(it);
     for (auto it = st.sessions.begin(); it != st.sessions.end(); ++it) {
       if (it->second.forwarder.address() != dm.source)
         continue;
@@ -97,8 +176,7 @@ control_actor::behavior_type control(control_actor::stateful_pointer<control_sta
                 "agent node '{}' went away ({}): its replicas' KV state is "
                 "dropped until it reconnects",
                 it->first, self->system().render(dm.reason));
-      if (it->second.accepted)
-        drop_replicas_of(self, it->first, wire::drop_reason::node_down);
+      drop_replicas_of(self, it->first, wire::drop_reason::node_down);
       st.sessions.erase(it);
       return;
     }
@@ -107,21 +185,27 @@ control_actor::behavior_type control(control_actor::stateful_pointer<control_sta
     [self](const agent_hello& hello, const forwarder_actor& fwd) {
       auto& st = self->state;
       const auto* n = st.opts.topo->find_node(hello.node);
-      if (!n || !n->roles.agent) {
-        refuse_session(self, hello.node, "unknown_node", hello.session, fwd,
-                       n ? "node '" + hello.node + "' does not have the agent role"
-                         : "no node '" + hello.node + "' in the topology");
-        return;
-      }
-      // The previous session of this node, if any, ends here.
-      auto old = st.sessions.find(hello.node);
-      if (old != st.sessions.end()) {
-        if (old->second.forwarder != fwd)
-          self->demonitor(old->second.forwarder.address());
-        if (old->second.accepted)
-          drop_replicas_of(self, hello.node, wire::drop_reason::session);
-        st.sessions.erase(old);
-      }
+      if (!n || !n->roles.agent)
+        return refuse_session(self, hello.node, "unknown_node", hello.session, fwd,
+                              n ? "node '" + hello.node + "' does not have the agent role"
+                                : "no node '" + hello.node + "' in the topology");
+      if (!fwd)
+        return refuse_session(self, hello.node, "malformed", hello.session, fwd,
+                              "the hello names no forwarder");
+      if (hello.nonce.size() != 32 || hello.key_share.size() != 32)
+        return refuse_session(self, hello.node, "malformed", hello.session, fwd,
+                              "the hello's nonce and key share must have 32 bytes each");
+      if (st.attempts.count(hello.session) || hello.session == 0)
+        return refuse_session(self, hello.node, "malformed", hello.session, fwd,
+                              "session id " + std::to_string(hello.session) + " is in use");
+      if (st.attempts.size() >= st.opts.max_attempts)
+        return refuse_session(self, hello.node, "busy", hello.session, fwd,
+                              std::to_string(st.attempts.size())
+                                + " session attempts are in progress");
+      auto share = wire::key_share::make();
+      if (!share)
+        return refuse_session(self, hello.node, "internal", hello.session, fwd,
+                              share.err().message);
       std::set<std::string> claimed(hello.replicas.begin(), hello.replicas.end());
       for (const auto& e : n->engines)
         if (e.kv_events && !claimed.count(e.replica))
@@ -129,82 +213,105 @@ control_actor::behavior_type control(control_actor::stateful_pointer<control_sta
                     "agent node '{}' sends no KV state for replica '{}' (its "
                     "subscriber may have failed): routed by tier 1",
                     hello.node, e.replica);
-      auto& s = st.sessions[hello.node];
-      s.id = hello.session;
-      s.forwarder = fwd;
-      self->monitor(fwd);
-      auto allowed = st.opts.agent_addresses.find(hello.node);
-      if (allowed == st.opts.agent_addresses.end() || allowed->second.empty()) {
-        accept(self, hello.node);
-        return;
+      control_state::attempt a;
+      a.node = hello.node;
+      a.forwarder = fwd;
+      a.transcript = {hello.node,      st.opts.node,   hello.session,      hello.nonce,
+                      hello.key_share, share->nonce(), share->public_key()};
+      control_proof proof{hello.session, st.opts.node, share->nonce(), share->public_key(), {}, {}};
+      if (st.opts.identity) {
+        proof.certificate = st.opts.identity->certificate();
+        proof.signature =
+          st.opts.identity->sign(wire::proof_input(wire::proof_role::control, a.transcript));
       }
-      // Where does this connection come from? Ask the middleman, then decide.
-      auto mm = self->system().middleman().actor_handle();
-      auto node = hello.node;
-      auto session = hello.session;
-      self->request(mm, std::chrono::seconds(10), caf::get_atom::value, fwd.node())
-        .then(
-          [self, node, session, fwd](const caf::node_id&, const std::string& addr, std::uint16_t) {
-            auto& st = self->state;
-            auto it = st.sessions.find(node);
-            if (it == st.sessions.end() || it->second.id != session)
-              return; // replaced or gone meanwhile
-            const auto& ok = st.opts.agent_addresses[node];
-            if (!ok.count(addr)) {
-              std::string hosts;
-              for (const auto& a : ok)
-                hosts += (hosts.empty() ? "" : ", ") + a;
-              self->demonitor(fwd.address());
-              st.sessions.erase(it);
-              refuse_session(self, node, "address", session, fwd,
-                             "the connection comes from '" + addr + "', not from node '" + node
-                               + "''s host (" + hosts + ")");
-              return;
-            }
-            accept(self, node);
-          },
-          [self, node, session, fwd](const caf::error& err) {
-            auto& st = self->state;
-            auto it = st.sessions.find(node);
-            if (it == st.sessions.end() || it->second.id != session)
-              return;
-            self->demonitor(fwd.address());
-            st.sessions.erase(it);
-            refuse_session(self, node, "address", session, fwd,
-                           "could not look up the connection's address: "
-                             + self->system().render(err));
-          });
+      a.share.emplace(std::move(*share));
+      if (!st.watched(fwd))
+        self->monitor(fwd);
+      st.attempts.emplace(hello.session, std::move(a));
+      self->send(fwd, std::move(proof));
+      self->delayed_send(self, st.opts.handshake_timeout, timeout_atom::value, hello.session);
+    },
+    [self](const agent_proof& proof) {
+      auto& st = self->state;
+      auto it = st.attempts.find(proof.session);
+      auto sender = self->current_sender();
+      if (it == st.attempts.end() || !sender
+          || sender->get()->address() != it->second.forwarder.address()) {
+        ++st.sessions_refused["unknown_attempt"];
+        return; // not an attempt of this sender's: nothing to answer
+      }
+      auto& a = it->second;
+      if (!a.key.empty())
+        return; // proven already: the address check is under way
+      if (st.opts.identity) {
+        const auto* n = st.opts.topo->find_node(a.node);
+        auto check = st.opts.identity->check_peer(
+          proof.certificate, a.node, n->fingerprints,
+          wire::proof_input(wire::proof_role::agent, a.transcript), proof.signature);
+        if (!check)
+          return refuse_attempt(self, proof.session, check.reason,
+                                "it did not prove to be node '" + a.node + "': " + check.detail);
+      }
+      auto key = a.share->session_key(a.transcript.agent_share, a.transcript);
+      if (!key)
+        return refuse_attempt(self, proof.session, "malformed", key.err().message);
+      a.key = std::move(*key);
+      a.share.reset();
+      check_address(self, proof.session);
+    },
+    [self](timeout_atom, std::uint64_t session) {
+      refuse_attempt(self, session, "timeout",
+                     "the handshake did not finish within "
+                       + std::to_string(self->state.opts.handshake_timeout.count()) + " ms");
     },
     [self](const replica_update& u) {
       auto& st = self->state;
-      auto it = st.sessions.find(u.node);
       auto sender = self->current_sender();
-      if (it == st.sessions.end()) {
-        refuse(self, u.node, "no_session", u.replica, "the node has no session");
-        return;
+      auto from = [&](const forwarder_actor& f) {
+        return sender && sender->get()->address() == f.address();
+      };
+      auto tell = [&](const std::string& why) {
+        // Whoever sent it must start a new session to be heard again.
+        if (sender)
+          self->send(caf::actor_cast<forwarder_actor>(sender), refused_atom::value, u.session, why);
+      };
+      auto it = st.sessions.find(u.node);
+      if (it != st.sessions.end() && it->second.id == u.session) {
+        auto& s = it->second;
+        if (!from(s.forwarder)) // someone else speaks for this node: no ack on its behalf
+          return refuse(self, u.node, "impostor", u.replica,
+                        "sent by an actor that is not the node's forwarder");
+        if (!wire::same_mac(u.mac, update_mac(s.key, u)))
+          return refuse(self, u.node, "mac", u.replica,
+                        "the update's MAC does not match the session key");
+        return handle_update(self, s, u);
       }
-      auto& s = it->second;
-      if (!sender || sender->get()->address() != s.forwarder.address()) {
-        // Someone else speaks for this node: do not ack on its behalf.
-        refuse(self, u.node, "impostor", u.replica,
-               "sent by an actor that is not the node's forwarder");
-        return;
-      }
-      if (u.session != s.id) {
-        refuse(self, u.node, "old_session", u.replica, "left over from an earlier session");
-        return;
-      }
-      if (!s.accepted) {
-        if (s.pending.size() >= st.opts.pending_limit) {
+      auto at = st.attempts.find(u.session);
+      if (at != st.attempts.end() && at->second.node == u.node && from(at->second.forwarder)) {
+        auto& a = at->second;
+        if (a.key.empty())
+          return refuse(self, u.node, "not_proven", u.replica,
+                        "sent before the session's handshake finished");
+        if (!wire::same_mac(u.mac, update_mac(a.key, u)))
+          return refuse(self, u.node, "mac", u.replica,
+                        "the update's MAC does not match the session key");
+        if (a.pending.size() >= st.opts.pending_limit) {
           refuse(self, u.node, "pending_full", u.replica,
                  "too many updates while the session is being checked");
-          self->send(s.forwarder, session_ack{u.session, u.seq});
+          self->send(a.forwarder, session_ack{u.session, u.seq});
           return;
         }
-        s.pending.push_back(u);
+        a.pending.push_back(u);
         return;
       }
-      handle_update(self, s, u);
+      if (it == st.sessions.end()) {
+        refuse(self, u.node, "no_session", u.replica, "the node has no session");
+        tell("this control node knows no session of node '" + u.node + "'");
+      } else {
+        refuse(self, u.node, "old_session", u.replica, "not the node's current session");
+        tell("session " + std::to_string(u.session) + " is not node '" + u.node
+             + "''s current session");
+      }
     },
     [self](metrics_atom) {
       auto& st = self->state;
@@ -228,7 +335,7 @@ control_actor::behavior_type control(control_actor::stateful_pointer<control_sta
         if (n.roles.agent) {
           auto it = st.sessions.find(n.name);
           m.gauge("llmgw_agent_connected", "1 while the agent node has an accepted session.",
-                  it != st.sessions.end() && it->second.accepted ? 1 : 0, {{"node", n.name}});
+                  it != st.sessions.end() ? 1 : 0, {{"node", n.name}});
         }
       return m.str();
     },

@@ -31,6 +31,7 @@ void send_update(self_ptr self, replica_update u) {
   u.node = st.opts.node;
   u.session = st.window.session();
   u.seq = st.window.next();
+  u.mac = update_mac(st.key, u);
   ++st.updates_sent;
   self->send(st.control, std::move(u));
 }
@@ -59,25 +60,100 @@ void try_connect(self_ptr self) {
   st.connect(self);
 }
 
+/// Leaves the current session (or attempt) and tries again after the
+/// longest backoff.
+void end_session(self_ptr self) {
+  auto& st = self->state;
+  if (st.control)
+    self->demonitor(st.control.address());
+  st.control = control_actor{};
+  st.window.start(0);
+  st.share.reset();
+  st.key.clear();
+  st.backoff = st.opts.backoff_max;
+  if (!st.connect_scheduled) {
+    st.connect_scheduled = true;
+    self->delayed_send(self, st.opts.backoff_max, connect_atom::value);
+  }
+}
+
+/// Connected: says hello with this session's key share; updates wait for
+/// the control node's proof.
 void start_session(self_ptr self, control_actor control) {
   auto& st = self->state;
+  auto share = wire::key_share::make();
+  if (!share) {
+    LLMGW_LOG(error, "forwarder " + st.opts.control, "cannot start a session: {}",
+              share.err().message);
+    schedule_connect(self);
+    return;
+  }
   st.control = std::move(control);
   st.backoff = std::chrono::milliseconds{0};
   self->monitor(st.control);
   auto session = new_session_id();
   st.window.start(session);
+  st.key.clear();
   ++st.sessions;
-  agent_hello hello{st.opts.node, session, {}};
+  agent_hello hello{st.opts.node, session, {}, share->nonce(), share->public_key()};
   for (const auto& m : st.mirrors)
     hello.replicas.push_back(m.replica);
+  st.transcript = {
+    st.opts.node, st.opts.control, session, share->nonce(), share->public_key(), {}, {}};
+  st.share.emplace(std::move(*share));
   self->send(st.control, std::move(hello), forwarder_actor{self});
+  self->delayed_send(self, st.opts.handshake_timeout, timeout_atom::value, session);
+}
+
+/// The control node proved its name: the session key is known, the agent
+/// proves its own name, and the full copies go out.
+void on_proof(self_ptr self, const control_proof& proof) {
+  auto& st = self->state;
+  auto session = st.window.session();
+  if (!st.control || !st.share || proof.session != session)
+    return; // not for the session being set up
+  auto current = self->current_sender();
+  if (!current || current->get()->address() != st.control.address())
+    return; // only the control node this session is with may answer
+  st.transcript.control_nonce = proof.nonce;
+  st.transcript.control_share = proof.key_share;
+  auto refuse = [&](const std::string& why) {
+    ++st.proofs_refused;
+    LLMGW_LOG(error, "forwarder " + st.opts.control,
+              "the peer did not prove to be control node '{}' (it says '{}'): {}; trying again "
+              "in {} ms",
+              st.opts.control, proof.node, why, st.opts.backoff_max.count());
+    end_session(self);
+  };
+  if (proof.nonce.size() != 32)
+    return refuse("its nonce has " + std::to_string(proof.nonce.size()) + " bytes, not 32");
+  if (st.opts.identity) {
+    auto check = st.opts.identity->check_peer(
+      proof.certificate, st.opts.control, st.opts.control_fingerprints,
+      wire::proof_input(wire::proof_role::control, st.transcript), proof.signature);
+    if (!check)
+      return refuse(check.reason + ": " + check.detail);
+  }
+  auto key = st.share->session_key(proof.key_share, st.transcript);
+  if (!key)
+    return refuse(key.err().message);
+  st.key = std::move(*key);
+  st.share.reset();
+  agent_proof mine{session, {}, {}};
+  if (st.opts.identity) {
+    mine.certificate = st.opts.identity->certificate();
+    mine.signature =
+      st.opts.identity->sign(wire::proof_input(wire::proof_role::agent, st.transcript));
+  }
+  self->send(st.control, std::move(mine));
   LLMGW_LOG(info, "forwarder " + st.opts.control, "session {} started, sending {} replicas",
             session, st.mirrors.size());
   // The first update of every replica in a session is its full state.
   for (const auto& m : st.mirrors)
     self->request(m.mirror, caf::infinite, subscribe_atom::value, st.peer)
       .then([self, session](replica_update& u) {
-        if (self->state.control && self->state.window.session() == session)
+        if (self->state.control && self->state.window.session() == session
+            && !self->state.key.empty())
           send_update(self, std::move(u));
       });
 }
@@ -101,6 +177,8 @@ forwarder_actor::behavior_type forwarder(forwarder_actor::stateful_pointer<forwa
               self->system().render(dm.reason));
     st.control = control_actor{};
     st.window.start(0);
+    st.share.reset();
+    st.key.clear();
     schedule_connect(self);
   });
   self->delayed_send(self, st.opts.flush_interval, flush_atom::value);
@@ -124,8 +202,8 @@ forwarder_actor::behavior_type forwarder(forwarder_actor::stateful_pointer<forwa
     [self](flush_atom) {
       auto& st = self->state;
       self->delayed_send(self, st.opts.flush_interval, flush_atom::value);
-      if (!st.control)
-        return;
+      if (!st.control || st.key.empty())
+        return; // no session, or its handshake is not done
       if (!st.window.has_room()) {
         ++st.flushes_skipped; // the changes wait in the mirrors, bounded by their tables
         return;
@@ -139,23 +217,29 @@ forwarder_actor::behavior_type forwarder(forwarder_actor::stateful_pointer<forwa
             send_update(self, std::move(u));
           });
     },
+    [self](const control_proof& proof) { on_proof(self, proof); },
+    [self](timeout_atom, std::uint64_t session) {
+      auto& st = self->state;
+      if (!st.control || session != st.window.session() || !st.key.empty())
+        return; // that session is over, or its handshake finished
+      LLMGW_LOG(error, "forwarder " + st.opts.control,
+                "the control node did not finish the handshake within {} ms; trying again",
+                st.opts.handshake_timeout.count());
+      end_session(self);
+    },
     [self](const session_ack& ack) { self->state.window.ack(ack.session, ack.seq); },
     [self](refused_atom, std::uint64_t session, const std::string& why) {
       auto& st = self->state;
       if (!st.control || session != st.window.session())
         return;
+      auto current = self->current_sender();
+      if (!current || current->get()->address() != st.control.address())
+        return; // only the control node this session is with can end it
       LLMGW_LOG(error, "forwarder " + st.opts.control,
                 "the control node refused this node's session: {}; trying again in {} ms", why,
                 st.opts.backoff_max.count());
       ++st.sessions_refused;
-      self->demonitor(st.control.address());
-      st.control = control_actor{};
-      st.window.start(0);
-      st.backoff = st.opts.backoff_max;
-      if (!st.connect_scheduled) {
-        st.connect_scheduled = true;
-        self->delayed_send(self, st.opts.backoff_max, connect_atom::value);
-      }
+      end_session(self);
     },
   };
 }

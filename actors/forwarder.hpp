@@ -1,18 +1,26 @@
 // The forwarder: one per control node on an agent node. Every flush interval
 // it drains every mirror of its node and sends the non-empty changes, one
-// message per replica; a session (each new connection) begins with agent_hello
-// and a full copy of every replica. A bounded window of unacknowledged updates
-// (wire::session_window) keeps a slow or gone control node from growing
+// message per replica; a session (each new connection) begins with the
+// handshake of wire/node_identity.hpp (agent_hello, the control node's
+// control_proof, checked: it must prove to be the control node this
+// forwarder is for; agent_proof) and then a full copy of every replica.
+// Every update carries the session key's MAC. A handshake that does not
+// finish within handshake_timeout, a refused session, or a control node
+// that says it no longer knows this session: the forwarder starts over. A bounded window of
+// unacknowledged updates (wire::session_window) keeps a slow or gone control node from growing
 // memory: while it is full, the mirrors are simply not drained. When the
 // control node goes down, the forwarder asks for a new connection with
 // exponential backoff.
 #pragma once
 
 #include "actors/interfaces.hpp"
+#include "wire/node_identity.hpp"
 #include "wire/session_window.hpp"
 
 #include <chrono>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +35,12 @@ struct forwarder_options {
   /// Capped low: an attempt is one TCP connect, and a restarted control node
   /// must get its full copies within a second.
   std::chrono::milliseconds backoff_max{500};
+  std::chrono::milliseconds handshake_timeout{10000};
+  /// This node's certificate and key; null in a plaintext cluster.
+  std::shared_ptr<const wire::node_identity> identity;
+  /// The control node's certificates (the topology's fingerprints; empty: any
+  /// certificate of the CA that names it).
+  std::vector<std::string> control_fingerprints;
 };
 
 /// A replica's mirror, by the replica id of the topology.
@@ -53,8 +67,14 @@ struct forwarder_state {
   std::uint64_t updates_sent = 0;
   std::uint64_t flushes_skipped = 0;  ///< flushes that found the window full
   std::uint64_t sessions_refused = 0; ///< sessions the control node refused
-  bool connect_scheduled = false;     ///< a connect_atom is on its way
-  bool connecting = false;            ///< an attempt is in flight
+  std::uint64_t proofs_refused = 0;   ///< control nodes that failed to prove their name
+  /// The handshake of the current session, until the control node's proof
+  /// checked out (then `key` is set and updates flow).
+  std::optional<wire::key_share> share;
+  wire::session_transcript transcript;
+  std::string key;
+  bool connect_scheduled = false; ///< a connect_atom is on its way
+  bool connecting = false;        ///< an attempt is in flight
   static inline const char* name = "forwarder";
 };
 

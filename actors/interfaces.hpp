@@ -30,6 +30,7 @@ using route_atom = caf::atom_constant<caf::atom("route")>;
 using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
 using tokenize_atom = caf::atom_constant<caf::atom("tokenize")>;
 using tokenized_atom = caf::atom_constant<caf::atom("tokenized")>;
+using timeout_atom = caf::atom_constant<caf::atom("timeout")>;
 
 /// The only owner of one engine's block table.
 using mirror_actor = caf::typed_actor<
@@ -56,6 +57,10 @@ using forwarder_actor = caf::typed_actor<
   caf::reacts_to<connect_atom>,
   // The flush timer: drain every mirror and send what changed.
   caf::reacts_to<flush_atom>,
+  // The control node's half of the handshake: its key share and proof.
+  caf::reacts_to<control_proof>,
+  // Timer: a session whose handshake has not finished by now is given up.
+  caf::reacts_to<timeout_atom, std::uint64_t>,
   // The control node applied updates up to a seq.
   caf::reacts_to<session_ack>,
   // The control node refused the session (why, for the log); retry later.
@@ -72,8 +77,12 @@ using engine_supervisor_actor = caf::typed_actor<
 
 /// The control node's side of agent sessions.
 using control_actor = caf::typed_actor<
-  // A session starts: who the agent is, and where to send acks.
+  // A session starts: who the agent says it is, and where to answer.
   caf::reacts_to<agent_hello, forwarder_actor>,
+  // The agent proves its name; the session is accepted once checked.
+  caf::reacts_to<agent_proof>,
+  // Timer: a session attempt not accepted by now is forgotten.
+  caf::reacts_to<timeout_atom, std::uint64_t>,
   // The net change of one replica, within a session.
   caf::reacts_to<replica_update>,
   // Prometheus text of the control actor's counters.

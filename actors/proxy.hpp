@@ -3,8 +3,8 @@
 //
 // - The request body goes upstream byte for byte, with the client's headers
 //   (hop-by-hop ones dropped, with those the Connection header names, and
-//   Expect, which the gateway's server answers itself); for a prefix held by one data-parallel rank,
-//   X-data-parallel-rank names it (vLLM honours it).
+//   Expect, which the gateway's server answers itself); for a prefix held by one data-parallel
+//   rank, X-data-parallel-rank names it (vLLM honours it).
 // - The answer comes back with its status and headers, plus x-llmgw-replica
 //   and x-llmgw-tier. An event stream (or any chunked body) is relayed piece
 //   by piece as it arrives; a body of known length is relayed whole.

@@ -8,6 +8,7 @@
 #include "actors/subscriber.hpp"
 #include "bench/bench.hpp"
 #include "messages/registration.hpp"
+#include "tests/actors/fake_control.hpp"
 #include "wire/zmq_message.hpp"
 
 #include <boost/json.hpp>
@@ -34,8 +35,14 @@ struct bench_config : caf::actor_system_config {
 control_actor::behavior_type counting_control(control_actor::pointer self,
                                               std::shared_ptr<std::atomic<std::uint64_t>> updates) {
   auto fwd = std::make_shared<forwarder_actor>();
+  auto handshake = std::make_shared<test::plaintext_handshake>();
   return {
-    [fwd](const agent_hello&, const forwarder_actor& f) { *fwd = f; },
+    [self, fwd, handshake](const agent_hello& h, const forwarder_actor& f) {
+      *fwd = f;
+      self->send(f, handshake->answer(h));
+    },
+    [handshake](const agent_proof& p) { handshake->finish(p); },
+    [](timeout_atom, std::uint64_t) {},
     [self, updates, fwd](const replica_update& u) {
       ++*updates;
       self->send(*fwd, session_ack{u.session, u.seq});

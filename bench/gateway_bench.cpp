@@ -321,7 +321,7 @@ int run_gateway_bench(int rounds, double rate, const std::string& only, int prom
   topo->nodes.push_back(n);
   bench_sys_config cfg;
   caf::actor_system sys{cfg};
-  auto peers = spawn_control_plane(sys, control_options{"control", topo, {}, 64});
+  auto peers = spawn_control_plane(sys, control_options{"control", topo, {}, {}, 64});
   gateway gw(sys, topo, "127.0.0.1", 0, peers);
   // The same with two threads (two loops), as nginx runs two workers here.
   auto topo2 = std::make_shared<wire::topology>(*topo);

@@ -4,11 +4,14 @@
 // (messages/registration.hpp), because a type missing on one side arrives as
 // an empty message.
 //
-// A session: the forwarder sends agent_hello, then replica_update messages
-// numbered 1, 2, ... within the session; the control node acknowledges with
-// session_ack (the highest seq applied), which frees the forwarder's window.
-// The first update for each replica in a session has reset = true and holds
-// the replica's full state.
+// A session: the forwarder sends agent_hello, the control node answers with
+// control_proof, the forwarder with agent_proof (wire/node_identity.hpp: each
+// side proves its certificate's name and both derive a session key). Then
+// replica_update messages numbered 1, 2, ... within the session, each with a
+// MAC under the session key; the control node acknowledges with session_ack
+// (the highest seq applied), which frees the forwarder's window. The first
+// update for each replica in a session has reset = true and holds the
+// replica's full state.
 #pragma once
 
 #include "wire/block_table.hpp"
@@ -17,6 +20,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace llmgw::wire {
@@ -38,16 +42,49 @@ typename Inspector::result_type inspect(Inspector& f, block_ref& x) {
 
 namespace llmgw {
 
-/// The first message of a session: who the agent is and what it owns.
+/// The first message of a session: who the agent says it is, what it owns,
+/// and its half of the key exchange.
 struct agent_hello {
   std::string node;                  ///< the agent's node name in the topology
   std::uint64_t session = 0;         ///< new for every connection attempt
   std::vector<std::string> replicas; ///< replicas the agent believes it owns
+  std::string nonce;                 ///< 32 fresh random bytes
+  std::string key_share;             ///< X25519 public key, 32 bytes
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, agent_hello& x) {
-  return f(caf::meta::type_name("agent_hello"), x.node, x.session, x.replicas);
+  return f(caf::meta::type_name("agent_hello"), x.node, x.session, x.replicas, x.nonce,
+           x.key_share);
+}
+
+/// The control node's answer to a hello: its half of the key exchange and
+/// its proof of being the control node the agent connected to.
+struct control_proof {
+  std::uint64_t session = 0;
+  std::string node; ///< the control node's name
+  std::string nonce;
+  std::string key_share;
+  std::string certificate; ///< DER; empty in a plaintext cluster
+  std::string signature;   ///< over proof_input(control, transcript)
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, control_proof& x) {
+  return f(caf::meta::type_name("control_proof"), x.session, x.node, x.nonce, x.key_share,
+           x.certificate, x.signature);
+}
+
+/// The agent's proof: the last message of the handshake.
+struct agent_proof {
+  std::uint64_t session = 0;
+  std::string certificate; ///< DER; empty in a plaintext cluster
+  std::string signature;   ///< over proof_input(agent, transcript)
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, agent_proof& x) {
+  return f(caf::meta::type_name("agent_proof"), x.session, x.certificate, x.signature);
 }
 
 /// The net change of one replica's KV blocks since the last update.
@@ -63,13 +100,18 @@ struct replica_update {
   std::vector<wire::block_ref> added;
   std::vector<wire::block_ref> removed;
   wire::mirror_totals totals; ///< the mirror's counts so far
+  std::string mac;            ///< update_mac() under the session key
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, replica_update& x) {
   return f(caf::meta::type_name("replica_update"), x.node, x.replica, x.dp_rank, x.session, x.seq,
-           x.epoch, x.reset, x.parity, x.added, x.removed, x.totals);
+           x.epoch, x.reset, x.parity, x.added, x.removed, x.totals, x.mac);
 }
+
+/// HMAC-SHA256 under a session key of every field of `u` but its mac, in a
+/// fixed byte form: what the forwarder sets and the control node checks.
+std::string update_mac(std::string_view key, const replica_update& u);
 
 /// The control node has applied every update of `session` up to `seq`.
 struct session_ack {

@@ -1,5 +1,7 @@
 #include "wire/pki.hpp"
 
+#include "wire/openssl.hpp"
+
 #include <fmt/format.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
@@ -19,22 +21,11 @@ namespace llmgw::wire {
 
 namespace {
 
-struct pkey_free {
-  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
-};
-struct x509_free {
-  void operator()(X509* x) const { X509_free(x); }
-};
-using pkey_ptr = std::unique_ptr<EVP_PKEY, pkey_free>;
-using x509_ptr = std::unique_ptr<X509, x509_free>;
+using ssl::pkey_ptr;
+using ssl::x509_ptr;
 
 std::string ssl_error(const std::string& what) {
-  auto code = ERR_get_error();
-  ERR_clear_error();
-  char buf[256] = "no detail";
-  if (code != 0)
-    ERR_error_string_n(code, buf, sizeof buf);
-  return fmt::format("{}: {}", what, buf);
+  return fmt::format("{}: {}", what, ssl::last_error());
 }
 
 bool exists(const std::string& path) {

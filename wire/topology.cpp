@@ -1,10 +1,8 @@
 #include "wire/topology.hpp"
 
+#include "wire/node_identity.hpp"
+
 #include <fmt/format.h>
-#include <openssl/err.h>
-#include <openssl/pem.h>
-#include <openssl/x509.h>
-#include <openssl/x509_vfy.h>
 #include <toml.hpp>
 
 #include <algorithm>
@@ -274,65 +272,6 @@ bool valid_seed(const std::string& s) {
   return std::stoull(s) <= 4294967295ull;
 }
 
-std::string openssl_error() {
-  auto code = ERR_get_error();
-  ERR_clear_error();
-  if (code == 0)
-    return "unknown OpenSSL error";
-  char buf[256];
-  ERR_error_string_n(code, buf, sizeof buf);
-  return buf;
-}
-
-struct x509_deleter {
-  void operator()(X509* x) const { X509_free(x); }
-};
-struct pkey_deleter {
-  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
-};
-struct bio_deleter {
-  void operator()(BIO* b) const { BIO_free(b); }
-};
-
-/// Why a node's cert/key cannot be used with the CA, or "" when they can.
-/// CAF throws inside its handshake on a bad key and the peer hangs, so this
-/// runs before any actor system starts.
-std::string check_tls(const std::string& ca, const std::string& cert, const std::string& key) {
-  std::unique_ptr<BIO, bio_deleter> cert_bio(BIO_new_file(cert.c_str(), "r"));
-  if (!cert_bio)
-    return fmt::format("cannot read certificate '{}'", cert);
-  std::unique_ptr<X509, x509_deleter> x(
-    PEM_read_bio_X509(cert_bio.get(), nullptr, nullptr, nullptr));
-  if (!x)
-    return fmt::format("'{}' is not a PEM certificate ({})", cert, openssl_error());
-  std::unique_ptr<BIO, bio_deleter> key_bio(BIO_new_file(key.c_str(), "r"));
-  if (!key_bio)
-    return fmt::format("cannot read key '{}'", key);
-  // A callback that supplies no passphrase: an encrypted key fails here, not
-  // in CAF's handshake.
-  auto no_passphrase = [](char*, int, int, void*) -> int { return 0; };
-  std::unique_ptr<EVP_PKEY, pkey_deleter> k(
-    PEM_read_bio_PrivateKey(key_bio.get(), nullptr, no_passphrase, nullptr));
-  if (!k)
-    return fmt::format("'{}' is not an unencrypted PEM private key ({})", key, openssl_error());
-  if (X509_check_private_key(x.get(), k.get()) != 1) {
-    ERR_clear_error();
-    return fmt::format("key '{}' does not belong to certificate '{}'", key, cert);
-  }
-  std::unique_ptr<X509_STORE, decltype(&X509_STORE_free)> store(X509_STORE_new(), X509_STORE_free);
-  if (X509_STORE_load_locations(store.get(), ca.c_str(), nullptr) != 1)
-    return fmt::format("cannot load CA '{}' ({})", ca, openssl_error());
-  std::unique_ptr<X509_STORE_CTX, decltype(&X509_STORE_CTX_free)> ctx(X509_STORE_CTX_new(),
-                                                                      X509_STORE_CTX_free);
-  X509_STORE_CTX_init(ctx.get(), store.get(), x.get(), nullptr);
-  if (X509_verify_cert(ctx.get()) != 1) {
-    auto why = X509_verify_cert_error_string(X509_STORE_CTX_get_error(ctx.get()));
-    ERR_clear_error();
-    return fmt::format("certificate '{}' is not valid under CA '{}': {}", cert, ca, why);
-  }
-  return {};
-}
-
 void read_cluster(checker& c, const toml::value& doc, topology& out) {
   auto* cl = c.find(doc, "cluster");
   if (!cl) {
@@ -502,7 +441,8 @@ void read_engine(checker& c, const toml::value& t, const std::string& where, eng
 void read_node(checker& c, const toml::value& t, std::size_t index, const topology& topo,
                node_spec& n, bool check_files) {
   auto where = fmt::format("node[{}]", index);
-  c.only_keys(t, where, {"name", "host", "port", "roles", "http", "cert", "key", "engine"});
+  c.only_keys(t, where,
+              {"name", "host", "port", "roles", "http", "cert", "key", "fingerprints", "engine"});
   c.read(t, where, "name", n.name, true);
   if (!n.name.empty()) {
     where = fmt::format("node '{}'", n.name);
@@ -542,18 +482,45 @@ void read_node(checker& c, const toml::value& t, std::size_t index, const topolo
     c.problem(t, fmt::format("{} is a control node: it needs a port agents connect to", where));
   c.read(t, where, "cert", n.cert, false);
   c.read(t, where, "key", n.key, false);
+  std::vector<std::string> fingerprints;
+  c.read_strings(t, where, "fingerprints", fingerprints);
+  for (const auto& f : fingerprints) {
+    auto normal = normalize_fingerprint(f);
+    if (normal.empty())
+      c.problem(*c.find(t, "fingerprints"),
+                fmt::format("{}: fingerprint '{}' is not a SHA-256 fingerprint (64 hex digits, "
+                            "optionally 'sha256:' first and colons between bytes)",
+                            where, f));
+    else
+      n.fingerprints.push_back(std::move(normal));
+  }
   if (!topo.plaintext) {
     if (n.cert.empty() || n.key.empty())
       c.problem(t, fmt::format("{} needs cert and key (PEM files signed by [tls] ca)", where));
     else if (!topo.ca.empty()) {
       n.cert = c.resolve(n.cert);
       n.key = c.resolve(n.key);
-      auto why = check_files ? check_tls(topo.ca, n.cert, n.key) : std::string{};
-      if (!why.empty())
-        c.problem(*c.find(t, "cert"), fmt::format("{}: {}", where, why));
+      if (check_files) {
+        // What the node will load at start: the pair, the CA, its name.
+        auto id = node_identity::load(n.name, n.cert, n.key, topo.ca);
+        if (!id)
+          c.problem(*c.find(t, "cert"), fmt::format("{}: {}", where, id.err().message));
+        else if (!n.fingerprints.empty()
+                 && std::find(n.fingerprints.begin(), n.fingerprints.end(), (*id)->fingerprint())
+                      == n.fingerprints.end())
+          c.problem(*c.find(t, "fingerprints"),
+                    fmt::format("{}: its certificate '{}' ({}) is not among its fingerprints: "
+                                "other nodes would refuse it",
+                                where, n.cert, (*id)->fingerprint()));
+      }
     }
   } else if (!n.cert.empty() || !n.key.empty()) {
     c.problem(t, fmt::format("{} has cert/key but [tls] plaintext = true", where));
+  } else if (!fingerprints.empty()) {
+    c.problem(*c.find(t, "fingerprints"),
+              fmt::format("{} has fingerprints but [tls] plaintext = true: there are no "
+                          "certificates",
+                          where));
   }
   auto* engines = c.find(t, "engine");
   if (!engines)

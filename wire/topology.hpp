@@ -7,7 +7,8 @@
 //   [router]    scoring and tier-1 knobs (router_settings below)
 //   [gateway]   HTTP limits and the proxy's timeouts (gateway_settings below)
 //   [[node]]    name, host, port, roles = ["agent", "control"], http
-//               ("host:port", control nodes), cert and key (PEM)
+//               ("host:port", control nodes), cert and key (PEM),
+//               fingerprints (the certificates it may present)
 //   [[node.engine]] (agent nodes) replica, model, url, lora, kv_events,
 //               events_port, topic, dp_size, launch, replay, replay_endpoint
 //
@@ -57,6 +58,10 @@ struct node_spec {
   std::uint16_t http_port = 0;
   std::string cert; ///< PEM certificate, signed by the cluster's CA
   std::string key;  ///< its private key (PEM, unencrypted)
+  /// The certificates this node may present, as normalize_fingerprint()
+  /// gives them; empty: any certificate of the CA that names the node. A
+  /// lost key is revoked by issuing a new certificate and listing only it.
+  std::vector<std::string> fingerprints;
   std::vector<engine_spec> engines;
 };
 

@@ -97,7 +97,7 @@ agent_config agent_config_of(const wire::topology& topo, const wire::node_spec& 
   cfg.flush_interval = topo.flush_interval;
   cfg.engines = node.engines;
   for (const auto* c : topo.controls())
-    cfg.controls.push_back({c->name, c->host, c->port});
+    cfg.controls.push_back({c->name, c->host, c->port, c->fingerprints});
   return cfg;
 }
 
@@ -115,8 +115,19 @@ int run_node(const wire::topology& topo_in, const std::string& name, std::size_t
   auto signals = block_stop_signals();
 
   auto who = "node " + name;
-  if (topo->plaintext)
+  std::shared_ptr<const wire::node_identity> identity;
+  if (topo->plaintext) {
     LLMGW_LOG(warning, who, "[tls] plaintext = true: nodes talk unencrypted (loopback only)");
+  } else {
+    // The name this node proves in every session (checked by load_topology
+    // already; the files are read again here, once).
+    auto loaded = wire::node_identity::load(name, node->cert, node->key, topo->ca);
+    if (!loaded) {
+      fmt::print(stderr, "llmgw node: {}\n", loaded.err().message);
+      return 2;
+    }
+    identity = std::move(*loaded);
+  }
   node_config cfg(*topo, *node, threads);
   caf::actor_system sys{cfg};
   gateway_peers control_plane;
@@ -127,6 +138,7 @@ int run_node(const wire::topology& topo_in, const std::string& name, std::size_t
     control_options opts;
     opts.node = name;
     opts.topo = topo;
+    opts.identity = identity;
     if (topo->check_agent_address)
       for (const auto& n : topo->nodes)
         if (n.roles.agent) {
@@ -161,7 +173,9 @@ int run_node(const wire::topology& topo_in, const std::string& name, std::size_t
     }
   }
   if (exit_code == 0 && node->roles.agent) {
-    agent = start_agent(sys, agent_config_of(*topo, *node));
+    auto cfg_agent = agent_config_of(*topo, *node);
+    cfg_agent.identity = identity;
+    agent = start_agent(sys, cfg_agent);
     LLMGW_LOG(info, who, "agent: {} engine(s), forwarding to {} control node(s)",
               node->engines.size(), topo->controls().size());
   }

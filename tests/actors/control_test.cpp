@@ -1,8 +1,10 @@
 // The control actor and the router under the deterministic coordinator:
-// sessions, the ownership checks, and what a node going away does.
+// sessions and their handshake (a node is only what its certificate says),
+// the ownership checks, and what a node going away does.
 #include "actors/control.hpp"
 #include "actors/router.hpp"
 #include "tests/actors/deterministic.hpp"
+#include "tests/unit/credentials.hpp"
 
 using namespace llmgw;
 
@@ -12,6 +14,7 @@ namespace {
 struct forwarder_log {
   std::vector<session_ack> acks;
   std::vector<std::string> refusals;
+  std::vector<control_proof> proofs;
 };
 
 forwarder_actor::behavior_type fake_forwarder(forwarder_actor::pointer,
@@ -20,6 +23,8 @@ forwarder_actor::behavior_type fake_forwarder(forwarder_actor::pointer,
     [](connected_atom, const caf::strong_actor_ptr&) {},
     [](connect_atom) {},
     [](flush_atom) {},
+    [log](const control_proof& p) { log->proofs.push_back(p); },
+    [](timeout_atom, std::uint64_t) {},
     [log](const session_ack& ack) { log->acks.push_back(ack); },
     [log](refused_atom, std::uint64_t, const std::string& why) { log->refusals.push_back(why); },
   };
@@ -54,12 +59,33 @@ wire::topology cluster() {
   return t;
 }
 
+/// The same cluster with certificates: the control node proves to be
+/// control-1, each agent must prove its name.
+wire::topology tls_cluster() {
+  auto t = cluster();
+  t.plaintext = false;
+  t.ca = test::test_credentials().ca();
+  return t;
+}
+
 struct control_test : llmgw::test::deterministic {
-  std::shared_ptr<wire::locked_router> shared = std::make_shared<wire::locked_router>(cluster());
-  router_actor rt = stop_at_end(sys.spawn(router, shared));
-  control_actor ctl = stop_at_end(sys.spawn(
-    control, control_options{"control-1", std::make_shared<const wire::topology>(cluster()), {}, 4},
-    rt));
+  std::shared_ptr<wire::locked_router> shared;
+  router_actor rt;
+  control_actor ctl;
+
+  void SetUp() override { start(cluster(), nullptr); }
+
+  void start(const wire::topology& t, std::shared_ptr<const wire::node_identity> id) {
+    shared = std::make_shared<wire::locked_router>(t);
+    rt = stop_at_end(sys.spawn(router, shared));
+    control_options opts;
+    opts.node = "control-1";
+    opts.topo = std::make_shared<const wire::topology>(t);
+    opts.identity = std::move(id);
+    opts.pending_limit = 4;
+    opts.max_attempts = 3;
+    ctl = stop_at_end(sys.spawn(control, opts, rt));
+  }
 
   // The router's state, read between steps of the deterministic scheduler
   // (no other thread touches it then).
@@ -83,21 +109,52 @@ struct control_test : llmgw::test::deterministic {
     std::string node;
     std::uint64_t session = 0;
     std::uint64_t seq = 0;
+    std::string key; ///< the session key, once the control node's proof came
   };
 
-  agent connect(const std::string& node, std::uint64_t session) {
+  /// A stand-in forwarder.
+  agent forwarder_for(const std::string& node, std::uint64_t session) {
     auto log = std::make_shared<forwarder_log>();
     auto fwd = stop_at_end(sys.spawn(fake_forwarder, log));
-    caf::send_as(fwd, ctl, agent_hello{node, session, {}}, fwd);
-    sched.run();
-    return {fwd, log, node, session, 0};
+    return {fwd, log, node, session, 0, {}};
   }
 
-  /// Sends an update as `from`'s forwarder.
-  void send(agent& from, const std::string& replica, std::vector<wire::block_key> keys,
-            bool reset = true, std::uint32_t rank = 0, std::string node = {}) {
+  /// The transcript of `a`'s session after the control node's proof.
+  static wire::session_transcript transcript(const agent& a, const wire::key_share& share,
+                                             const control_proof& p) {
+    return {a.node,  "control-1", a.session, share.nonce(), share.public_key(),
+            p.nonce, p.key_share};
+  }
+
+  /// Says hello as `node` and, when the control node answers, proves the
+  /// name with `id` (null: a plaintext cluster's empty proof).
+  agent connect(const std::string& node, std::uint64_t session,
+                const std::shared_ptr<const wire::node_identity>& id = nullptr) {
+    auto a = forwarder_for(node, session);
+    auto share = wire::key_share::make();
+    caf::send_as(a.fwd, ctl, agent_hello{node, session, {}, share->nonce(), share->public_key()},
+                 a.fwd);
+    sched.run();
+    if (a.log->proofs.empty())
+      return a; // refused at hello
+    auto t = transcript(a, *share, a.log->proofs.back());
+    a.key = *share->session_key(a.log->proofs.back().key_share, t);
+    agent_proof mine{session, {}, {}};
+    if (id) {
+      mine.certificate = id->certificate();
+      mine.signature = id->sign(wire::proof_input(wire::proof_role::agent, t));
+    }
+    caf::send_as(a.fwd, ctl, std::move(mine));
+    sched.run();
+    return a;
+  }
+
+  /// An update as `from`'s forwarder would make it (node, session and MAC
+  /// its own unless changed before sending).
+  replica_update update(agent& from, const std::string& replica, std::vector<wire::block_key> keys,
+                        bool reset = true, std::uint32_t rank = 0) {
     replica_update u;
-    u.node = node.empty() ? from.node : node;
+    u.node = from.node;
     u.replica = replica;
     u.dp_rank = rank;
     u.session = from.session;
@@ -105,6 +162,17 @@ struct control_test : llmgw::test::deterministic {
     u.reset = reset;
     for (auto k : keys)
       u.added.push_back({k, wire::medium::gpu});
+    u.mac = update_mac(from.key, u);
+    return u;
+  }
+
+  /// Sends an update as `from`'s forwarder.
+  void send(agent& from, const std::string& replica, std::vector<wire::block_key> keys,
+            bool reset = true, std::uint32_t rank = 0) {
+    send_raw(from, update(from, replica, std::move(keys), reset, rank));
+  }
+
+  void send_raw(const agent& from, replica_update u) {
     caf::send_as(from.fwd, ctl, std::move(u));
     sched.run();
   }
@@ -162,7 +230,10 @@ TEST_F(control_test, a_node_cannot_speak_for_another_nodes_replicas) {
   EXPECT_EQ(blocks_of("b0"), 1u) << "b0 keeps what agent-b sent";
   EXPECT_EQ(refused("agent-a", "not_owner"), 1u);
   EXPECT_EQ(a.log->acks.size(), 1u) << "refused updates are acked: the window must not stall";
-  send(a, "b0", {1, 2}, true, 0, "agent-b"); // ... and now naming itself agent-b
+  auto forged = update(a, "b0", {1, 2}); // ... and now naming itself agent-b, in b's session
+  forged.node = "agent-b";
+  forged.session = b.session;
+  send_raw(a, forged);
   EXPECT_EQ(blocks_of("b0"), 1u);
   EXPECT_EQ(refused("agent-b", "impostor"), 1u);
   EXPECT_EQ(a.log->acks.size(), 1u) << "no ack on another node's behalf";
@@ -193,6 +264,8 @@ TEST_F(control_test, unknown_nodes_are_refused_and_told_why) {
   EXPECT_EQ(refused("agent-x", "no_session"), 1u);
   EXPECT_EQ(blocks_of("a0"), 0u);
   EXPECT_EQ(control_st().sessions_refused["unknown_node"], 2u);
+  ASSERT_EQ(x.log->refusals.size(), 2u) << "an update without a session is answered";
+  EXPECT_EQ(x.log->refusals[1], "this control node knows no session of node 'agent-x'");
 }
 
 TEST_F(control_test, a_new_session_replaces_the_old_one) {
@@ -202,8 +275,11 @@ TEST_F(control_test, a_new_session_replaces_the_old_one) {
   auto again = connect("agent-a", 2);
   EXPECT_EQ(blocks_of("a0"), 0u) << "the node's replicas are dropped; full copies follow";
   EXPECT_FALSE(trusted("a0"));
+  ASSERT_EQ(old.log->refusals.size(), 1u) << "the displaced forwarder is told";
+  EXPECT_EQ(old.log->refusals[0], "replaced by a newer session of this node");
   send(old, "a0", {7}, false);
-  EXPECT_EQ(refused("agent-a", "impostor"), 1u) << "the old forwarder no longer speaks for it";
+  EXPECT_EQ(refused("agent-a", "old_session"), 1u) << "the old forwarder no longer speaks for it";
+  EXPECT_EQ(old.log->refusals.size(), 2u) << "and told again, so it starts over";
   send(again, "a0", {4, 5});
   EXPECT_EQ(blocks_of("a0"), 2u);
   auto& drops = stats().drops;
@@ -251,4 +327,164 @@ TEST_F(control_test, the_router_answers_routes_from_what_the_agents_sent) {
   EXPECT_DOUBLE_EQ(got->score, 0.75);
   EXPECT_EQ(core().counters().decisions[0], 1u);
   EXPECT_EQ(stats().matched_share_kv.count(), 1u);
+}
+
+namespace {
+
+/// The control node holds control-1's certificate; agents must prove theirs.
+struct identity_test : control_test {
+  test::credentials& creds = test::test_credentials();
+
+  void SetUp() override { start(tls_cluster(), creds.of("control-1")); }
+
+  /// agent-b's genuine session, holding one block of b0.
+  agent genuine_b() {
+    auto b = connect("agent-b", 20, creds.of("agent-b"));
+    send(b, "b0", {7});
+    EXPECT_EQ(blocks_of("b0"), 1u);
+    return b;
+  }
+};
+
+} // namespace
+
+TEST_F(identity_test, the_control_node_proves_its_own_name) {
+  auto a = forwarder_for("agent-a", 1);
+  auto share = wire::key_share::make();
+  caf::send_as(a.fwd, ctl, agent_hello{"agent-a", 1, {}, share->nonce(), share->public_key()},
+               a.fwd);
+  sched.run();
+  ASSERT_EQ(a.log->proofs.size(), 1u);
+  const auto& p = a.log->proofs[0];
+  auto data = wire::proof_input(wire::proof_role::control, transcript(a, *share, p));
+  auto me = creds.of("agent-a");
+  EXPECT_TRUE(me->check_peer(p.certificate, "control-1", {}, data, p.signature));
+  EXPECT_EQ(me->check_peer(p.certificate, "control-2", {}, data, p.signature).reason, "name")
+    << "an agent configured for control-2 would refuse it";
+  EXPECT_EQ(me->check_peer(p.certificate, "control-1", {},
+                           wire::proof_input(wire::proof_role::agent, transcript(a, *share, p)),
+                           p.signature)
+              .reason,
+            "signature")
+    << "a control node's proof does not pass as an agent's";
+}
+
+TEST_F(identity_test, a_node_holding_another_nodes_certificate_cannot_claim_its_name) {
+  auto b = genuine_b();
+  // agent-a's certificate and key, claiming to be agent-b.
+  auto impostor = connect("agent-b", 30, creds.of("agent-a"));
+  ASSERT_EQ(impostor.log->refusals.size(), 1u);
+  EXPECT_NE(impostor.log->refusals[0].find("does not name node 'agent-b'"), std::string::npos)
+    << impostor.log->refusals[0];
+  EXPECT_EQ(control_st().sessions_refused["name"], 1u);
+  EXPECT_EQ(blocks_of("b0"), 1u) << "the refused attempt left agent-b's session alone";
+  EXPECT_EQ(control_st().sessions.at("agent-b").id, b.session);
+  send_raw(impostor, update(impostor, "b0", {1, 2, 3}));
+  EXPECT_EQ(blocks_of("b0"), 1u) << "nothing the impostor sends is applied";
+  send(b, "b0", {8}, false);
+  EXPECT_EQ(blocks_of("b0"), 2u) << "the genuine agent is still heard";
+  EXPECT_EQ(b.log->refusals.size(), 0u);
+}
+
+TEST_F(identity_test, a_certificate_of_another_ca_or_a_wrong_signature_is_refused) {
+  auto b = genuine_b();
+  auto files = wire::credentials_in(creds.stranger, "agent-b");
+  auto stranger =
+    wire::node_identity::load("agent-b", files.cert, files.key, creds.stranger + "/ca.pem");
+  ASSERT_TRUE(stranger);
+  auto foreign = connect("agent-b", 31, *stranger);
+  ASSERT_EQ(foreign.log->refusals.size(), 1u);
+  EXPECT_EQ(control_st().sessions_refused["certificate"], 1u);
+  // agent-b's certificate, signed by agent-a's key.
+  auto x = forwarder_for("agent-b", 32);
+  auto share = wire::key_share::make();
+  caf::send_as(x.fwd, ctl, agent_hello{"agent-b", 32, {}, share->nonce(), share->public_key()},
+               x.fwd);
+  sched.run();
+  ASSERT_EQ(x.log->proofs.size(), 1u);
+  auto t = transcript(x, *share, x.log->proofs[0]);
+  caf::send_as(
+    x.fwd, ctl,
+    agent_proof{32, creds.of("agent-b")->certificate(),
+                creds.of("agent-a")->sign(wire::proof_input(wire::proof_role::agent, t))});
+  sched.run();
+  EXPECT_EQ(control_st().sessions_refused["signature"], 1u);
+  EXPECT_EQ(blocks_of("b0"), 1u);
+  EXPECT_EQ(control_st().sessions.at("agent-b").id, b.session);
+}
+
+TEST_F(identity_test, a_relay_of_a_genuine_handshake_gets_a_session_but_is_never_heard) {
+  // The relay has its own valid certificate on both TLS connections and
+  // passes the genuine agent-b's handshake through, message by message.
+  auto relay = forwarder_for("agent-b", 40);
+  auto share = wire::key_share::make(); // genuine agent-b's
+  caf::send_as(relay.fwd, ctl, agent_hello{"agent-b", 40, {}, share->nonce(), share->public_key()},
+               relay.fwd);
+  sched.run();
+  ASSERT_EQ(relay.log->proofs.size(), 1u);
+  // Genuine agent-b checks the control node's proof, which the relay passed
+  // on, and proves its own name; the relay passes that on too.
+  auto t = transcript(relay, *share, relay.log->proofs[0]);
+  auto genuine_key = *share->session_key(relay.log->proofs[0].key_share, t);
+  caf::send_as(
+    relay.fwd, ctl,
+    agent_proof{40, creds.of("agent-b")->certificate(),
+                creds.of("agent-b")->sign(wire::proof_input(wire::proof_role::agent, t))});
+  sched.run();
+  ASSERT_EQ(control_st().sessions.at("agent-b").id, 40u) << "the relayed session is accepted";
+  // What the relay makes itself has no valid MAC: it never learns the key.
+  for (const auto& guess : {std::string(), std::string(32, '\0'), t.digest()}) {
+    relay.key = guess;
+    send_raw(relay, update(relay, "b0", {1, 2, 3}));
+  }
+  EXPECT_EQ(blocks_of("b0"), 0u);
+  EXPECT_EQ(refused("agent-b", "mac"), 3u);
+  EXPECT_TRUE(relay.log->acks.empty()) << "forged updates are not acknowledged";
+  // Passing genuine updates on is all it can do.
+  relay.key = genuine_key;
+  send(relay, "b0", {9});
+  EXPECT_EQ(blocks_of("b0"), 1u);
+}
+
+TEST_F(identity_test, a_revoked_certificate_is_refused) {
+  auto t = tls_cluster();
+  t.nodes[2].fingerprints = {wire::fingerprint_of("another certificate")}; // agent-b
+  start(t, creds.of("control-1"));
+  auto b = connect("agent-b", 50, creds.of("agent-b"));
+  ASSERT_EQ(b.log->refusals.size(), 1u);
+  EXPECT_NE(b.log->refusals[0].find("is not among node 'agent-b''s fingerprints"),
+            std::string::npos)
+    << b.log->refusals[0];
+  EXPECT_EQ(control_st().sessions_refused["fingerprint"], 1u);
+  t.nodes[2].fingerprints = {creds.of("agent-b")->fingerprint()};
+  start(t, creds.of("control-1"));
+  auto listed = connect("agent-b", 51, creds.of("agent-b"));
+  EXPECT_TRUE(listed.log->refusals.empty());
+  EXPECT_EQ(control_st().sessions.at("agent-b").id, 51u);
+}
+
+TEST_F(identity_test, unfinished_attempts_are_bounded_and_forgotten) {
+  auto b = genuine_b();
+  std::vector<agent> waiting;
+  for (std::uint64_t i = 0; i < 3; ++i) { // max_attempts
+    waiting.push_back(forwarder_for("agent-b", 60 + i));
+    auto share = wire::key_share::make();
+    caf::send_as(waiting.back().fwd, ctl,
+                 agent_hello{"agent-b", 60 + i, {}, share->nonce(), share->public_key()},
+                 waiting.back().fwd);
+  }
+  sched.run();
+  auto over = connect("agent-b", 70, creds.of("agent-b"));
+  ASSERT_EQ(over.log->refusals.size(), 1u);
+  EXPECT_EQ(over.log->refusals[0], "3 session attempts are in progress");
+  EXPECT_EQ(control_st().sessions_refused["busy"], 1u);
+  sched.advance_time(std::chrono::seconds(11));
+  sched.run();
+  EXPECT_TRUE(control_st().attempts.empty());
+  EXPECT_EQ(control_st().sessions_refused["timeout"], 3u);
+  for (const auto& w : waiting)
+    EXPECT_EQ(w.log->refusals.size(), 1u) << "each is told, and may start over";
+  EXPECT_EQ(blocks_of("b0"), 1u) << "agent-b's session was never touched";
+  auto again = connect("agent-b", 71, creds.of("agent-b"));
+  EXPECT_TRUE(again.log->refusals.empty());
 }

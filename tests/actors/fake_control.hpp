@@ -1,6 +1,9 @@
-// A stand-in control node for tests of the agent side: it records every
-// hello and update, keeps a copy of each (replica, rank)'s blocks as the
-// updates describe them, and acknowledges updates unless told not to.
+// A stand-in control node for tests of the agent side: it answers the
+// session handshake as a plaintext cluster's control node does (a key
+// share, no certificate), records every hello and update, counts updates
+// whose MAC does not match the session key, keeps a copy of each (replica,
+// rank)'s blocks as the updates describe them, and acknowledges updates
+// unless told not to.
 // Thread-safe, so tests with real actor systems can read it while it runs.
 #pragma once
 
@@ -11,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -24,6 +28,8 @@ struct control_record {
   /// Per (replica, rank): an update only ever speaks for its own replica.
   std::map<std::pair<std::string, std::uint32_t>, std::set<wire::block_ref>> replicas;
   bool ack = true; ///< answer every update with an ack
+  std::size_t bad_macs = 0;
+  std::map<std::uint64_t, std::string> keys; ///< session keys, by session
 
   std::size_t update_count() {
     std::lock_guard<std::mutex> g(mtx);
@@ -36,19 +42,64 @@ struct control_record {
   }
 };
 
+/// A plaintext cluster's control node's side of the session handshake
+/// (control-1, no certificate), for stand-in control nodes.
+struct plaintext_handshake {
+  struct pending {
+    wire::session_transcript transcript;
+    std::optional<wire::key_share> share;
+  };
+  std::map<std::uint64_t, pending> started;
+
+  /// The answer to a hello.
+  control_proof answer(const agent_hello& h) {
+    auto share = wire::key_share::make();
+    auto& p = started[h.session];
+    p.transcript = {h.node,      "control-1",    h.session,          h.nonce,
+                    h.key_share, share->nonce(), share->public_key()};
+    control_proof out{h.session, "control-1", share->nonce(), share->public_key(), {}, {}};
+    p.share.emplace(std::move(*share));
+    return out;
+  }
+
+  /// The session key once the agent's proof came ("" for an unknown session).
+  std::string finish(const agent_proof& proof) {
+    auto it = started.find(proof.session);
+    if (it == started.end())
+      return {};
+    auto key =
+      it->second.share->session_key(it->second.transcript.agent_share, it->second.transcript);
+    started.erase(it);
+    return key ? *key : std::string{};
+  }
+};
+
 inline control_actor::behavior_type recording_control(control_actor::pointer self,
                                                       std::shared_ptr<control_record> rec) {
   auto fwd = std::make_shared<forwarder_actor>();
+  auto handshake = std::make_shared<plaintext_handshake>();
   return {
-    [rec, fwd](const agent_hello& h, const forwarder_actor& f) {
-      std::lock_guard<std::mutex> g(rec->mtx);
-      rec->hellos.push_back(h);
+    [self, rec, fwd, handshake](const agent_hello& h, const forwarder_actor& f) {
+      {
+        std::lock_guard<std::mutex> g(rec->mtx);
+        rec->hellos.push_back(h);
+      }
       *fwd = f;
+      self->send(f, handshake->answer(h));
     },
+    [rec, handshake](const agent_proof& proof) {
+      auto key = handshake->finish(proof);
+      std::lock_guard<std::mutex> g(rec->mtx);
+      rec->keys[proof.session] = key;
+    },
+    [](timeout_atom, std::uint64_t) {},
     [self, rec, fwd](const replica_update& u) {
       bool ack;
       {
         std::lock_guard<std::mutex> g(rec->mtx);
+        auto key = rec->keys.find(u.session);
+        if (key == rec->keys.end() || !wire::same_mac(u.mac, update_mac(key->second, u)))
+          ++rec->bad_macs;
         rec->updates.push_back(u);
         auto& blocks = rec->replicas[{u.replica, u.dp_rank}];
         if (u.reset)

@@ -4,6 +4,7 @@
 #include "actors/mirror.hpp"
 #include "tests/actors/deterministic.hpp"
 #include "tests/actors/fake_control.hpp"
+#include "tests/unit/credentials.hpp"
 
 #include <set>
 
@@ -25,11 +26,13 @@ struct forwarder_test : llmgw::test::deterministic {
   int connect_calls = 0;
   bool reachable = true;
 
-  forwarder_actor start(std::uint64_t window = 64) {
+  forwarder_actor start(std::uint64_t window = 64,
+                        std::shared_ptr<const wire::node_identity> identity = nullptr) {
     forwarder_options opts;
     opts.node = "agent-a";
     opts.control = "control-1";
     opts.window = window;
+    opts.identity = std::move(identity);
     auto connect = [this](const forwarder_actor& f) {
       ++connect_calls;
       caf::anon_send(f, connected_atom::value,
@@ -86,6 +89,7 @@ TEST_F(forwarder_test, a_session_starts_with_hello_and_a_full_copy) {
     EXPECT_FALSE(u.added.empty());
   }
   EXPECT_EQ(log->updates[0].seq + log->updates[1].seq, 3u) << "numbered 1 and 2";
+  EXPECT_EQ(log->bad_macs, 0u) << "each carries the MAC of the session's key";
 }
 
 TEST_F(forwarder_test, flushes_send_only_what_changed) {
@@ -174,4 +178,109 @@ TEST_F(forwarder_test, a_first_connect_that_fails_is_tried_again) {
   sched.advance_time(1000ms);
   sched.run();
   EXPECT_EQ(connect_calls, 3) << "connected: no more attempts";
+}
+
+namespace {
+
+/// A control node that answers hellos with a proof signed by `id` (as
+/// control-1, whatever its certificate says), and records what follows.
+control_actor::behavior_type proving_control(control_actor::pointer self,
+                                             std::shared_ptr<const wire::node_identity> id,
+                                             std::shared_ptr<llmgw::test::control_record> rec) {
+  return {
+    [self, id, rec](const agent_hello& h, const forwarder_actor& f) {
+      {
+        std::lock_guard<std::mutex> g(rec->mtx);
+        rec->hellos.push_back(h);
+      }
+      auto share = wire::key_share::make();
+      wire::session_transcript t{h.node,      "control-1",    h.session,          h.nonce,
+                                 h.key_share, share->nonce(), share->public_key()};
+      self->send(f, control_proof{h.session, "control-1", share->nonce(), share->public_key(),
+                                  id->certificate(),
+                                  id->sign(wire::proof_input(wire::proof_role::control, t))});
+    },
+    [](const agent_proof&) {},
+    [](timeout_atom, std::uint64_t) {},
+    [rec](const replica_update& u) {
+      std::lock_guard<std::mutex> g(rec->mtx);
+      rec->updates.push_back(u);
+    },
+    [](metrics_atom) { return std::string{}; },
+  };
+}
+
+forwarder_state& state_of(const forwarder_actor& f) {
+  auto* ptr = caf::actor_cast<caf::abstract_actor*>(f);
+  return dynamic_cast<forwarder_actor::stateful_pointer<forwarder_state>>(ptr)->state;
+}
+
+} // namespace
+
+TEST_F(forwarder_test, a_control_node_that_cannot_prove_its_name_gets_nothing) {
+  auto& creds = llmgw::test::test_credentials();
+  apply(m0, s1[0]);
+  // control-2's certificate and key, answering as if it were control-1.
+  control = stop_at_end(sys.spawn(proving_control, creds.of("control-2"), log));
+  auto f = start(64, creds.of("agent-a"));
+  ASSERT_EQ(log->hellos.size(), 1u);
+  EXPECT_TRUE(log->updates.empty()) << "no block state goes to an unproven control node";
+  EXPECT_EQ(state_of(f).proofs_refused, 1u);
+  flush();
+  EXPECT_TRUE(log->updates.empty());
+  sched.advance_time(500ms); // backoff_max
+  sched.run();
+  EXPECT_EQ(connect_calls, 2) << "it tries again";
+  // The genuine control-1 is reachable again: the session starts.
+  control = stop_at_end(sys.spawn(proving_control, creds.of("control-1"), log));
+  sched.advance_time(500ms);
+  sched.run();
+  EXPECT_EQ(state_of(f).proofs_refused, 2u) << "the one before was control-2 again";
+  EXPECT_FALSE(state_of(f).key.empty()) << "control-1's proof checked out";
+  EXPECT_EQ(log->updates.size(), 2u) << "full copies";
+}
+
+TEST_F(forwarder_test, a_control_node_that_knows_no_session_makes_it_start_over) {
+  auto f = start();
+  ASSERT_EQ(log->hellos.size(), 1u);
+  auto first = log->hellos[0].session;
+  caf::send_as(control, f, refused_atom::value, first + 1, std::string("not yours"));
+  sched.run();
+  sched.advance_time(500ms);
+  sched.run();
+  EXPECT_EQ(log->hellos.size(), 1u) << "a refusal of another session changes nothing";
+  caf::anon_send(f, refused_atom::value, first, std::string("forged"));
+  sched.run();
+  sched.advance_time(500ms);
+  sched.run();
+  EXPECT_EQ(log->hellos.size(), 1u) << "only the control node can end its session";
+  caf::send_as(control, f, refused_atom::value, first,
+               std::string("this control node knows no session of node 'agent-a'"));
+  sched.run();
+  sched.advance_time(500ms);
+  sched.run();
+  ASSERT_EQ(log->hellos.size(), 2u) << "a new session";
+  EXPECT_NE(log->hellos[1].session, first);
+  EXPECT_EQ(log->updates.back().session, log->hellos[1].session);
+}
+
+TEST_F(forwarder_test, a_handshake_that_never_finishes_is_given_up) {
+  // A control node that never answers hellos.
+  control = stop_at_end(sys.spawn([&](control_actor::pointer) -> control_actor::behavior_type {
+    return {
+      [&](const agent_hello& h, const forwarder_actor&) { log->hellos.push_back(h); },
+      [](const agent_proof&) {},
+      [](timeout_atom, std::uint64_t) {},
+      [](const replica_update&) {},
+      [](metrics_atom) { return std::string{}; },
+    };
+  }));
+  auto f = start();
+  ASSERT_EQ(log->hellos.size(), 1u);
+  sched.advance_time(std::chrono::seconds(10));
+  sched.run();
+  EXPECT_FALSE(state_of(f).control) << "given up after handshake_timeout";
+  sched.advance_time(500ms);
+  sched.run();
+  EXPECT_EQ(log->hellos.size(), 2u) << "and tried again";
 }

@@ -29,6 +29,8 @@ caf::behavior echo(caf::event_based_actor*) {
       return caf::make_message(u, llmgw::session_ack{u.session, u.seq});
     },
     [](const llmgw::agent_hello& h) { return h; },
+    [](const llmgw::control_proof& p) { return p; },
+    [](const llmgw::agent_proof& p) { return p; },
   };
 }
 
@@ -51,6 +53,7 @@ llmgw::replica_update sample_update() {
   u.totals.verified_blocks = 15;
   for (int i = 0; i < 5; ++i)
     u.totals.resets[i] = 20u + static_cast<unsigned>(i);
+  u.mac = std::string("\x00\xff mac", 6);
   return u;
 }
 
@@ -87,6 +90,7 @@ TEST(messages, cross_a_real_connection_intact) {
         EXPECT_EQ(u.removed, sent.removed);
         EXPECT_EQ(u.totals.batches, 11u);
         EXPECT_EQ(u.totals.stored, 12u);
+        EXPECT_EQ(u.mac, sent.mac);
         EXPECT_EQ(u.totals.removed, 13u);
         EXPECT_EQ(u.totals.ignored_removes, 14u);
         EXPECT_EQ(u.totals.verified_blocks, 15u);
@@ -98,7 +102,8 @@ TEST(messages, cross_a_real_connection_intact) {
       [&](const caf::error& err) { ADD_FAILURE() << client.render(err); });
   EXPECT_TRUE(got_update);
 
-  llmgw::agent_hello hello{"agent-b", 3, {"r1", "r2"}};
+  llmgw::agent_hello hello{
+    "agent-b", 3, {"r1", "r2"}, std::string(32, '\x01'), std::string(32, '\x02')};
   bool got_hello = false;
   self->request(*remote, 10s, hello)
     .receive(
@@ -107,8 +112,38 @@ TEST(messages, cross_a_real_connection_intact) {
         EXPECT_EQ(h.node, "agent-b");
         EXPECT_EQ(h.session, 3u);
         EXPECT_EQ(h.replicas, hello.replicas);
+        EXPECT_EQ(h.nonce, hello.nonce);
+        EXPECT_EQ(h.key_share, hello.key_share);
       },
       [&](const caf::error& err) { ADD_FAILURE() << client.render(err); });
   EXPECT_TRUE(got_hello);
+
+  llmgw::control_proof proof{9, "control-1", "nonce", "share", std::string("cert\0der", 8), "sig"};
+  bool got_proof = false;
+  self->request(*remote, 10s, proof)
+    .receive(
+      [&](const llmgw::control_proof& p) {
+        got_proof = true;
+        EXPECT_EQ(p.session, 9u);
+        EXPECT_EQ(p.node, "control-1");
+        EXPECT_EQ(p.nonce, "nonce");
+        EXPECT_EQ(p.key_share, "share");
+        EXPECT_EQ(p.certificate, proof.certificate);
+        EXPECT_EQ(p.signature, "sig");
+      },
+      [&](const caf::error& err) { ADD_FAILURE() << client.render(err); });
+  EXPECT_TRUE(got_proof);
+  llmgw::agent_proof mine{10, std::string("der\0", 4), "signed"};
+  bool got_mine = false;
+  self->request(*remote, 10s, mine)
+    .receive(
+      [&](const llmgw::agent_proof& p) {
+        got_mine = true;
+        EXPECT_EQ(p.session, 10u);
+        EXPECT_EQ(p.certificate, mine.certificate);
+        EXPECT_EQ(p.signature, "signed");
+      },
+      [&](const caf::error& err) { ADD_FAILURE() << client.render(err); });
+  EXPECT_TRUE(got_mine);
   self->send_exit(server_actor, caf::exit_reason::user_shutdown);
 }

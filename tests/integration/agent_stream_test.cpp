@@ -311,7 +311,7 @@ TEST(agent_node, launches_an_engine_and_forwards_its_blocks) {
   agent_engine_config attached; // already running elsewhere, no events
   attached.replica = "r1";
   cfg.engines.push_back(attached);
-  cfg.controls.push_back({"control-1", "127.0.0.1", *port});
+  cfg.controls.push_back({"control-1", "127.0.0.1", *port, {}});
 
   net_config agent_cfg;
   caf::actor_system agent_sys{agent_cfg};
@@ -356,7 +356,7 @@ TEST(agent_node, data_parallel_ranks_have_their_own_ports_and_mirrors) {
   engine.kv_events = true;
   engine.dp_size = 2;
   cfg.engines.push_back(engine);
-  cfg.controls.push_back({"control-1", "127.0.0.1", *port});
+  cfg.controls.push_back({"control-1", "127.0.0.1", *port, {}});
   net_config agent_cfg;
   caf::actor_system agent_sys{agent_cfg};
   auto handles = start_agent(agent_sys, cfg);

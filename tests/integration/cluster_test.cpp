@@ -2,11 +2,19 @@
 // indexes against what the agents' engines published, ownership, an agent
 // killed, a control node restarted, two control nodes side by side, and an
 // agent connecting from an address that is not its host's.
+#include "actors/control_connector.hpp"
+#include "actors/forwarder.hpp"
 #include "actors/http_server.hpp"
+#include "actors/mirror.hpp"
+#include "messages/registration.hpp"
 #include "tests/integration/test_cluster.hpp"
 #include "tests/unit/support.hpp"
+#include "wire/pki.hpp"
 
 #include <boost/json.hpp>
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+#include <caf/openssl/all.hpp>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -264,6 +272,56 @@ TEST(cluster, an_agent_must_connect_from_its_own_host) {
     },
     5s))
     << c.log_of("agent-b");
+}
+
+TEST(cluster, a_node_holding_another_nodes_certificate_cannot_take_its_place) {
+  test_cluster c(one_control_two_agents());
+  start_control_and_agents(c);
+  ASSERT_TRUE(test_cluster::eventually(
+    [&] { return holds(c, "control-1", "b0", "S2_churn.map.int.json"); }, 10s * slow_factor));
+  // A node with agent-a's certificate and key (TLS accepts it: the CA signed
+  // it) runs a forwarder that says it is agent-b, with an empty b0.
+  struct tls_config : caf::actor_system_config {
+    explicit tls_config(const std::string& dir) {
+      load<caf::io::middleman>();
+      load<caf::openssl::manager>();
+      auto files = llmgw::wire::credentials_in(dir, "agent-a");
+      openssl_certificate = files.cert;
+      openssl_key = files.key;
+      openssl_cafile = dir + "/ca.pem";
+      llmgw::register_message_types(*this);
+      set("scheduler.max-threads", 2);
+    }
+  };
+  tls_config cfg(c.dir());
+  {
+    caf::actor_system sys{cfg};
+    auto files = llmgw::wire::credentials_in(c.dir(), "agent-a");
+    auto id =
+      llmgw::wire::node_identity::load("agent-a", files.cert, files.key, c.dir() + "/ca.pem");
+    ASSERT_TRUE(id);
+    auto empty =
+      sys.spawn(llmgw::mirror, std::string("b0"), std::optional<llmgw::wire::parity_config>{});
+    llmgw::forwarder_options fo;
+    fo.node = "agent-b";
+    fo.control = "control-1";
+    fo.identity = *id;
+    auto f = sys.spawn(llmgw::forwarder, fo, std::vector<llmgw::mirror_entry>{{"b0", empty}},
+                       llmgw::middleman_connector("127.0.0.1", c.caf_port("control-1"), 5s));
+    EXPECT_TRUE(test_cluster::eventually(
+      [&] {
+        return c.metric("control-1", "llmgw_agent_sessions_refused_total{reason=\"name\"}") >= 2;
+      },
+      10s * slow_factor))
+      << "refused, and refused again when it retries: " << c.log_of("control-1");
+    caf::anon_send_exit(f, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(empty, caf::exit_reason::user_shutdown);
+  }
+  EXPECT_TRUE(holds(c, "control-1", "b0", "S2_churn.map.int.json"))
+    << "b0 keeps what the genuine agent-b sent";
+  EXPECT_EQ(c.metric("control-1", "llmgw_agent_connected{node=\"agent-b\"}"), 1);
+  EXPECT_NE(c.log_of("control-1").find("the certificate does not name node 'agent-b'"),
+            std::string::npos);
 }
 
 TEST(cluster, a_frozen_agent_is_found_by_heartbeats_and_comes_back) {

@@ -147,7 +147,7 @@ struct gateway_test : ::testing::Test {
     dead.url = "http://127.0.0.1:1";
     a.engines.push_back(dead);
     topo->nodes.push_back(a);
-    peers = spawn_control_plane(sys, control_options{"control-1", topo, {}, 64});
+    peers = spawn_control_plane(sys, control_options{"control-1", topo, {}, {}, 64});
     gw = std::make_unique<gateway>(sys, topo, "127.0.0.1", 0, peers);
     ASSERT_NE(gw->port(), 0) << gw->error();
   }

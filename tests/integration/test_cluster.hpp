@@ -53,6 +53,9 @@ public:
   explicit test_cluster(std::vector<test_node_spec> nodes, std::string extra_cluster = {});
   ~test_cluster();
 
+  /// The CAF port of control node `name`.
+  std::uint16_t caf_port(const std::string& name) const { return caf_ports_.at(name); }
+
   /// The topology's path (to start nodes with other files, write your own).
   const std::string& topology_path() const { return topology_; }
   const std::string& dir() const { return dir_; }

@@ -1,5 +1,6 @@
 // The topology file: what a valid one gives, and one test per kind of bad
 // configuration, each checking the message and the line it points at.
+#include "wire/node_identity.hpp"
 #include "wire/pki.hpp"
 #include "wire/topology.hpp"
 
@@ -13,14 +14,14 @@ using namespace llmgw::wire;
 
 namespace {
 
-/// A folder with a CA, three node certificates, and a second CA's node.
+/// A folder with a CA, four node certificates, and a second CA's node.
 struct pki_dir {
   std::string dir;
   pki_dir() {
     char tmpl[] = "/tmp/llmgw-topology-XXXXXX";
     dir = ::mkdtemp(tmpl);
     EXPECT_EQ(ensure_ca(dir), "");
-    for (const char* n : {"control-1", "agent-a", "agent-b"})
+    for (const char* n : {"control-1", "control-2", "agent-a", "agent-b"})
       EXPECT_EQ(issue_node_certificate(dir, n, {"127.0.0.1"}), "");
     EXPECT_EQ(ensure_ca(dir + "/other"), "");
     EXPECT_EQ(issue_node_certificate(dir + "/other", "stranger", {}), "");
@@ -273,8 +274,8 @@ host = "127.0.0.2"
 port = 7100
 roles = ["control"]
 http = "0.0.0.0:8080"
-cert = "agent-b.pem"
-key = "agent-b.key"
+cert = "control-2.pem"
+key = "control-2.key"
 )";
   two = replace(two, "http = \"127.0.0.1:8080\"", "http = \"0.0.0.0:8080\"");
   EXPECT_TRUE(parse(two).value) << "different machines";
@@ -296,6 +297,34 @@ TEST(topology, tls_files_are_checked_before_anything_starts) {
   EXPECT_TRUE(has_problem(p, 15, "is not a PEM certificate"));
   p = problems_of(replace(valid_text(), "cert = \"control-1.pem\"\n", ""));
   EXPECT_TRUE(has_problem(p, 0, "node 'control-1' needs cert and key"));
+}
+
+TEST(topology, a_certificate_must_name_its_node_and_be_among_its_fingerprints) {
+  // agent-b's own pair, given to agent-a: other nodes would refuse it.
+  auto p = problems_of(replace(valid_text(), "cert = \"agent-a.pem\"\nkey = \"agent-a.key\"",
+                               "cert = \"agent-b.pem\"\nkey = \"agent-b.key\""));
+  EXPECT_TRUE(has_problem(p, 22, "does not name node 'agent-a'"));
+  auto id = node_identity::load("agent-a", pki().dir + "/agent-a.pem", pki().dir + "/agent-a.key",
+                                pki().dir + "/ca.pem");
+  ASSERT_TRUE(id);
+  auto fp = (*id)->fingerprint();
+  // Listed in another form (upper case, colons): the same certificate.
+  std::string colons = "SHA256:";
+  for (std::size_t i = 7; i < fp.size(); i += 2)
+    colons += (i > 7 ? ":" : "") + fp.substr(i, 2);
+  for (auto& c : colons)
+    c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  auto listed = parse(replace(valid_text(), "key = \"agent-a.key\"\n",
+                              "key = \"agent-a.key\"\nfingerprints = [\"" + colons + "\"]\n"));
+  ASSERT_TRUE(listed.value);
+  EXPECT_EQ(listed.value->find_node("agent-a")->fingerprints, std::vector<std::string>{fp});
+  auto revoked = std::string("sha256:") + std::string(64, 'a');
+  p = problems_of(replace(valid_text(), "key = \"agent-a.key\"\n",
+                          "key = \"agent-a.key\"\nfingerprints = [\"" + revoked + "\"]\n"));
+  EXPECT_TRUE(has_problem(p, 24, "is not among its fingerprints: other nodes would refuse it"));
+  p = problems_of(replace(valid_text(), "key = \"agent-a.key\"\n",
+                          "key = \"agent-a.key\"\nfingerprints = [\"sha256:12\"]\n"));
+  EXPECT_TRUE(has_problem(p, 24, "fingerprint 'sha256:12' is not a SHA-256 fingerprint"));
 }
 
 TEST(topology, plaintext_only_on_loopback) {

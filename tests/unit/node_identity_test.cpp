@@ -1,0 +1,124 @@
+// Node identity without actors: the key exchange, the transcript, proofs and
+// certificate checks, fingerprints, and MACs.
+#include "tests/unit/credentials.hpp"
+#include "wire/node_identity.hpp"
+
+#include <gtest/gtest.h>
+
+using namespace llmgw;
+using namespace llmgw::wire;
+
+namespace {
+
+session_transcript between(const key_share& agent, const key_share& control) {
+  return {"agent-a",       "control-1",         7, agent.nonce(), agent.public_key(),
+          control.nonce(), control.public_key()};
+}
+
+} // namespace
+
+TEST(node_identity, both_sides_derive_the_same_key_and_only_for_their_transcript) {
+  auto agent = key_share::make();
+  auto control = key_share::make();
+  ASSERT_TRUE(agent && control);
+  EXPECT_EQ(agent->nonce().size(), 32u);
+  EXPECT_EQ(agent->public_key().size(), 32u);
+  EXPECT_NE(agent->nonce(), control->nonce());
+  auto t = between(*agent, *control);
+  auto k1 = agent->session_key(control->public_key(), t);
+  auto k2 = control->session_key(agent->public_key(), t);
+  ASSERT_TRUE(k1 && k2);
+  EXPECT_EQ(k1->size(), 32u);
+  EXPECT_EQ(*k1, *k2);
+  auto other = t;
+  other.control = "control-2";
+  EXPECT_NE(other.digest(), t.digest());
+  EXPECT_NE(*agent->session_key(control->public_key(), other), *k1)
+    << "the names are part of the key";
+  auto third = key_share::make();
+  EXPECT_NE(*agent->session_key(third->public_key(), t), *k1);
+}
+
+TEST(node_identity, a_bad_key_share_is_refused) {
+  auto agent = key_share::make();
+  auto t = between(*agent, *agent);
+  EXPECT_FALSE(agent->session_key("short", t));
+  // The all-zero point has low order: the shared secret would be zero.
+  auto zero = agent->session_key(std::string(32, '\0'), t);
+  EXPECT_FALSE(zero);
+}
+
+TEST(node_identity, transcripts_differ_when_any_field_differs) {
+  session_transcript t{"a", "c", 1, "n1", "s1", "n2", "s2"};
+  auto base = t.digest();
+  EXPECT_EQ(base.size(), 32u);
+  auto moved = t;
+  moved.agent = "ac"; // "a"+"c" vs "ac"+"": lengths are part of the form
+  moved.control = "";
+  EXPECT_NE(moved.digest(), base);
+  moved = t;
+  moved.session = 2;
+  EXPECT_NE(moved.digest(), base);
+  EXPECT_NE(proof_input(proof_role::agent, t), proof_input(proof_role::control, t));
+}
+
+TEST(node_identity, peers_are_checked_for_ca_name_fingerprint_and_signature) {
+  auto& creds = test::test_credentials();
+  auto a = creds.of("agent-a");
+  auto b = creds.of("agent-b");
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->name(), "agent-a");
+  std::string data = "what was signed";
+  auto sig = b->sign(data);
+  EXPECT_TRUE(a->check_peer(b->certificate(), "agent-b", {}, data, sig));
+  EXPECT_TRUE(a->check_peer(b->certificate(), "agent-b", {b->fingerprint()}, data, sig));
+  EXPECT_EQ(a->check_peer(b->certificate(), "agent-a", {}, data, sig).reason, "name");
+  EXPECT_EQ(a->check_peer(b->certificate(), "agent-b", {a->fingerprint()}, data, sig).reason,
+            "fingerprint");
+  EXPECT_EQ(a->check_peer(b->certificate(), "agent-b", {}, data + "!", sig).reason, "signature");
+  EXPECT_EQ(a->check_peer(b->certificate(), "agent-b", {}, data, a->sign(data)).reason,
+            "signature");
+  EXPECT_EQ(a->check_peer("not der", "agent-b", {}, data, sig).reason, "certificate");
+  EXPECT_EQ(a->check_peer(b->certificate() + "x", "agent-b", {}, data, sig).reason, "certificate")
+    << "bytes after the certificate";
+  auto files = credentials_in(creds.stranger, "agent-b");
+  auto stranger = node_identity::load("agent-b", files.cert, files.key, creds.stranger + "/ca.pem");
+  ASSERT_TRUE(stranger);
+  EXPECT_EQ(
+    a->check_peer((*stranger)->certificate(), "agent-b", {}, data, (*stranger)->sign(data)).reason,
+    "certificate");
+}
+
+TEST(node_identity, loading_refuses_a_certificate_that_names_another_node) {
+  auto& creds = test::test_credentials();
+  auto files = credentials_in(creds.dir, "agent-b");
+  auto wrong = node_identity::load("agent-a", files.cert, files.key, creds.ca());
+  ASSERT_FALSE(wrong);
+  EXPECT_NE(wrong.err().message.find("does not name node 'agent-a'"), std::string::npos);
+  EXPECT_EQ(certificate_names(files.cert, "agent-b"), "");
+  EXPECT_NE(certificate_names(files.cert, "agent-a"), "");
+}
+
+TEST(node_identity, fingerprints_are_normalized) {
+  auto fp = fingerprint_of("abc");
+  EXPECT_EQ(fp.rfind("sha256:", 0), 0u);
+  EXPECT_EQ(fp.size(), 7u + 64u);
+  std::string colons;
+  for (std::size_t i = 7; i < fp.size(); i += 2)
+    colons += (i > 7 ? ":" : "") + fp.substr(i, 2);
+  EXPECT_EQ(normalize_fingerprint(colons), fp);
+  EXPECT_EQ(normalize_fingerprint("SHA256:" + colons), fp);
+  EXPECT_EQ(normalize_fingerprint(fp.substr(7)), fp);
+  EXPECT_EQ(normalize_fingerprint("sha256:12"), "");
+  EXPECT_EQ(normalize_fingerprint(std::string(64, 'g')), "");
+}
+
+TEST(node_identity, macs_depend_on_key_and_data) {
+  auto key = std::string(32, 'k');
+  auto m = session_mac(key, "update");
+  EXPECT_EQ(m.size(), 32u);
+  EXPECT_TRUE(same_mac(m, session_mac(key, "update")));
+  EXPECT_FALSE(same_mac(m, session_mac(key, "updatf")));
+  EXPECT_FALSE(same_mac(m, session_mac(std::string(32, 'K'), "update")));
+  EXPECT_FALSE(same_mac(m, m.substr(1)));
+}
