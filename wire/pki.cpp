@@ -10,7 +10,9 @@
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fcntl.h>
 #include <filesystem>
 #include <memory>
@@ -33,21 +35,46 @@ bool exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
-/// Writes through a FILE opened with `mode` bits (0600 for keys).
+/// Writes `path` with `mode` bits (0600 for keys) through a new file beside
+/// it, created with O_EXCL | O_NOFOLLOW (never an existing file, never
+/// through a symlink someone placed there), then renamed over `path`: a
+/// reader sees the old file or the new one whole, and a symlink at `path`
+/// is replaced, not followed.
 template <class Write>
 std::string write_pem(const std::string& path, mode_t mode, Write write) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, mode);
+  std::string tmp;
+  int fd = -1;
+  for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
+    unsigned char r[6];
+    RAND_bytes(r, sizeof r);
+    tmp = fmt::format("{}.tmp-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}", path, r[0], r[1], r[2], r[3],
+                      r[4], r[5]);
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (fd < 0 && errno != EEXIST)
+      break;
+  }
   if (fd < 0)
-    return fmt::format("cannot write '{}'", path);
-  ::fchmod(fd, mode);
+    return fmt::format("cannot write '{}': {}", path, std::strerror(errno));
+  ::fchmod(fd, mode); // whatever the umask
   FILE* f = ::fdopen(fd, "w");
   if (!f) {
     ::close(fd);
+    ::unlink(tmp.c_str());
     return fmt::format("cannot write '{}'", path);
   }
   bool ok = write(f) == 1;
+  ok = std::fflush(f) == 0 && ::fsync(fd) == 0 && ok;
   ok = std::fclose(f) == 0 && ok;
-  return ok ? std::string{} : ssl_error(fmt::format("writing '{}'", path));
+  if (!ok) {
+    ::unlink(tmp.c_str());
+    return ssl_error(fmt::format("writing '{}'", path));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    auto err = errno;
+    ::unlink(tmp.c_str());
+    return fmt::format("cannot write '{}': {}", path, std::strerror(err));
+  }
+  return {};
 }
 
 std::string write_key(const std::string& path, EVP_PKEY* key) {
@@ -72,8 +99,10 @@ bool add_ext(X509* cert, X509* issuer, int nid, const std::string& value) {
   return ok;
 }
 
-/// A certificate for `key` named `cn`, valid now for `days`.
-x509_ptr new_cert(EVP_PKEY* key, const std::string& cn, int days) {
+/// A certificate for `key` named `cn`, valid now for `days` (and never
+/// beyond `until`, its issuer's end, when given).
+x509_ptr new_cert(EVP_PKEY* key, const std::string& cn, int days,
+                  const ASN1_TIME* until = nullptr) {
   x509_ptr cert(X509_new());
   X509_set_version(cert.get(), 2);
   unsigned char serial[16];
@@ -84,6 +113,8 @@ x509_ptr new_cert(EVP_PKEY* key, const std::string& cn, int days) {
   BN_free(bn);
   X509_gmtime_adj(X509_getm_notBefore(cert.get()), -300);
   X509_gmtime_adj(X509_getm_notAfter(cert.get()), static_cast<long>(days) * 86400);
+  if (until && ASN1_TIME_compare(until, X509_get0_notAfter(cert.get())) < 0)
+    X509_set1_notAfter(cert.get(), until);
   X509_set_pubkey(cert.get(), key);
   X509_NAME* name = X509_get_subject_name(cert.get());
   X509_NAME_add_entry_by_txt(name, "O", MBSTRING_ASC,
@@ -125,15 +156,21 @@ node_credentials credentials_in(const std::string& dir, const std::string& name)
   return {dir + "/" + name + ".pem", dir + "/" + name + ".key"};
 }
 
+std::string ca_key_path(const std::string& dir) {
+  return dir + "/private/ca.key";
+}
+
 std::string ensure_ca(const std::string& dir, int days) {
   auto cert_path = dir + "/ca.pem";
-  auto key_path = dir + "/ca.key";
-  if (exists(cert_path) && exists(key_path))
+  auto key_path = ca_key_path(dir);
+  // An earlier llmgw wrote the key beside the certificates: still used.
+  if (exists(cert_path) && (exists(key_path) || exists(dir + "/ca.key")))
     return {};
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
+  std::filesystem::create_directories(dir + "/private", ec);
   if (ec)
-    return fmt::format("cannot create '{}': {}", dir, ec.message());
+    return fmt::format("cannot create '{}/private': {}", dir, ec.message());
+  ::chmod((dir + "/private").c_str(), 0700); // only its owner may even list it
   pkey_ptr key(EVP_EC_gen("P-256"));
   if (!key)
     return ssl_error("generating the CA key");
@@ -152,14 +189,14 @@ std::string ensure_ca(const std::string& dir, int days) {
 
 std::string issue_node_certificate(const std::string& dir, const std::string& name,
                                    const std::vector<std::string>& hosts, int days) {
-  auto ca_key = read_key(dir + "/ca.key");
+  auto ca_key = read_key(exists(ca_key_path(dir)) ? ca_key_path(dir) : dir + "/ca.key");
   auto ca_cert = read_cert(dir + "/ca.pem");
   if (!ca_key || !ca_cert)
-    return fmt::format("no CA in '{}' (ca.pem and ca.key)", dir);
+    return fmt::format("no CA in '{}' (ca.pem and private/ca.key)", dir);
   pkey_ptr key(EVP_EC_gen("P-256"));
   if (!key)
     return ssl_error("generating a node key");
-  auto cert = new_cert(key.get(), name, days);
+  auto cert = new_cert(key.get(), name, days, X509_get0_notAfter(ca_cert.get()));
   X509_set_issuer_name(cert.get(), X509_get_subject_name(ca_cert.get()));
   std::string san = "DNS:" + name;
   for (const auto& h : hosts)

@@ -72,15 +72,30 @@ TEST(llmgw_certs, makes_a_ca_and_node_certificates_that_check_accepts) {
   auto out = proc.read_stdout_all(10s);
   EXPECT_EQ(proc.wait(10s), 0);
   EXPECT_NE(out.find("n1: cert = \"" + dir + "/pki/n1.pem\""), std::string::npos) << out;
-  std::ofstream(dir + "/t.toml")
-    << "[cluster]\nname = \"c\"\nhash_seed = \"0\"\nblock_size = 16\n[tls]\nca = \"pki/ca.pem\"\n"
-       "[[node]]\nname = \"n1\"\nhost = \"127.0.0.1\"\nport = 7000\nroles = [\"control\"]\n"
-       "http = \"127.0.0.1:8000\"\ncert = \"pki/n1.pem\"\nkey = \"pki/n1.key\"\n"
-       "[[node]]\nname = \"n2\"\nhost = \"10.0.0.9\"\nroles = [\"agent\"]\n"
-       "cert = \"pki/n2.pem\"\nkey = \"pki/n2.key\"\n";
+  EXPECT_NE(out.find(dir + "/pki/private/ca.key: no node needs it"), std::string::npos) << out;
+  // The fingerprint it prints for n1, to list in the topology.
+  auto at = out.find("fingerprints = [\"", out.find("n1: cert"));
+  ASSERT_NE(at, std::string::npos) << out;
+  auto n1_fingerprint = out.substr(at + 17, 7 + 64);
+  auto topology = [&](const std::string& n1_extra) {
+    std::ofstream(dir + "/t.toml")
+      << "[cluster]\nname = \"c\"\nhash_seed = \"0\"\nblock_size = 16\n[tls]\nca = \"pki/ca.pem\"\n"
+         "[[node]]\nname = \"n1\"\nhost = \"127.0.0.1\"\nport = 7000\nroles = [\"control\"]\n"
+         "http = \"127.0.0.1:8000\"\ncert = \"pki/n1.pem\"\nkey = \"pki/n1.key\"\n"
+      << n1_extra
+      << "[[node]]\nname = \"n2\"\nhost = \"10.0.0.9\"\nroles = [\"agent\"]\n"
+         "cert = \"pki/n2.pem\"\nkey = \"pki/n2.key\"\n";
+  };
+  topology("fingerprints = [\"" + n1_fingerprint + "\"]\n");
   child_process check({LLMGW_BINARY, "check", "--config", dir + "/t.toml"});
   check.read_stdout_all(10s);
   EXPECT_EQ(check.wait(10s), 0) << check.read_stderr_all(5s);
+  topology("fingerprints = [\"sha256:" + std::string(64, '0') + "\"]\n"); // n1's revoked
+  child_process revoked({LLMGW_BINARY, "check", "--config", dir + "/t.toml"});
+  auto why = revoked.read_stderr_all(10s);
+  EXPECT_EQ(revoked.wait(10s), 2);
+  EXPECT_NE(why.find("is not among its fingerprints"), std::string::npos) << why;
+  topology("");
   // Adding a node later keeps the CA: n1's certificate stays valid.
   child_process more({LLMGW_BINARY, "certs", "--out", dir + "/pki", "n3"});
   more.read_stdout_all(10s);
