@@ -14,6 +14,10 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include <arpa/inet.h>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -24,17 +28,17 @@ namespace {
 
 /// Binds every rank's subscriber on consecutive ports (vLLM adds the rank to
 /// the port). With base 0, tries a few kernel-chosen bases.
-std::vector<bound_subscriber> bind_ranks(const agent_engine_config& e, std::string& error) {
+std::vector<opened_subscriber> bind_ranks(const agent_engine_config& e, std::string& error) {
   for (int attempt = 0; attempt < 10; ++attempt) {
-    std::vector<bound_subscriber> ranks;
+    std::vector<opened_subscriber> ranks;
     std::uint16_t base = e.events_port;
     for (std::uint32_t r = 0; r < e.dp_size; ++r) {
       subscriber_options opts;
       opts.replica = e.replica;
       opts.topic = e.topic;
       auto port = base == 0 && r == 0 ? 0 : base + r;
-      opts.bind = "tcp://127.0.0.1:" + std::to_string(port);
-      auto bound = bind_subscriber(opts);
+      opts.endpoint = "tcp://127.0.0.1:" + std::to_string(port);
+      auto bound = open_subscriber(opts);
       if (!bound.socket) {
         error = bound.error;
         break;
@@ -82,23 +86,72 @@ std::uint16_t free_port_run(std::uint32_t count) {
   return 0;
 }
 
+/// A new folder only this user can enter (mode 0700), for launched engines'
+/// ipc sockets; "" and `error` set if none can be made.
+std::string private_folder(const std::string& node, std::string& error) {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/llmgw-" + node + "-XXXXXX";
+  if (!::mkdtemp(tmpl.data())) {
+    error =
+      "cannot make a private folder for KV event sockets (" + tmpl + "): " + std::strerror(errno);
+    return {};
+  }
+  return tmpl;
+}
+
 } // namespace
 
 agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg) {
   agent_handles out;
-  for (const auto& e : cfg.engines) {
+  for (std::size_t index = 0; index < cfg.engines.size(); ++index) {
+    const auto& e = cfg.engines[index];
     const std::string who = "agent " + cfg.node + " engine " + e.replica;
-    std::vector<bound_subscriber> ranks;
-    if (e.kv_events) {
+    std::vector<opened_subscriber> ranks;
+    // A launched engine publishes into an ipc socket in the agent's private
+    // folder, where no other local user can connect a publisher. vLLM takes
+    // ipc endpoints for one rank only (it offsets tcp ports per rank), so
+    // data-parallel engines and attached ones use tcp on loopback.
+    std::string folder;
+    bool private_sockets = e.kv_events && !e.launch.empty() && e.dp_size == 1;
+    if (private_sockets) {
+      std::string error;
+      if (out.runtime_dir.empty())
+        out.runtime_dir = private_folder(cfg.node, error);
+      folder = out.runtime_dir;
+      if (folder.empty()) {
+        LLMGW_LOG(warning, who, "{}: its KV events use tcp on loopback", error);
+        private_sockets = false;
+      }
+    }
+    if (private_sockets) {
+      subscriber_options opts;
+      opts.replica = e.replica;
+      opts.topic = e.topic;
+      opts.endpoint = "ipc://" + folder + "/" + std::to_string(index) + ".events";
+      auto opened = open_subscriber(opts);
+      if (opened.socket)
+        ranks.push_back(std::move(opened));
+      else
+        LLMGW_LOG(error, who, "starting without KV events, routed by prefix tree only: {}",
+                  opened.error);
+    } else if (e.kv_events) {
       std::string error;
       ranks = bind_ranks(e, error);
       if (ranks.empty())
         LLMGW_LOG(error, who, "starting without KV events, routed by prefix tree only: {}", error);
     }
     bool events = !ranks.empty();
-    std::uint16_t replay_base = 0;
-    if (events && !e.launch.empty() && e.replay)
-      replay_base = free_port_run(e.dp_size);
+    std::vector<std::string> replay(e.dp_size); // per rank, where the engine's replay is
+    if (events && !e.launch.empty() && e.replay) {
+      if (private_sockets) {
+        replay[0] = "ipc://" + folder + "/" + std::to_string(index) + ".replay";
+      } else if (auto base = free_port_run(e.dp_size); base != 0) {
+        for (std::uint32_t r = 0; r < e.dp_size; ++r)
+          replay[r] = "tcp://127.0.0.1:" + std::to_string(base + r);
+      }
+    } else if (events && !e.replay_endpoint.empty()) {
+      replay[0] = e.replay_endpoint; // an attached engine's, rank 0's
+    }
     std::vector<mirror_actor> mirrors;
     for (std::uint32_t r = 0; r < e.dp_size; ++r) {
       auto m = sys.spawn(
@@ -115,10 +168,7 @@ agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg) {
       subscriber_options opts;
       opts.replica = e.replica;
       opts.topic = e.topic;
-      if (replay_base != 0)
-        opts.replay = "tcp://127.0.0.1:" + std::to_string(replay_base + r);
-      else if (!e.replay_endpoint.empty() && r == 0)
-        opts.replay = e.replay_endpoint;
+      opts.replay = replay[r];
       auto stats = std::make_shared<subscriber_stats>();
       out.actors.push_back(
         sys.spawn<caf::detached>(subscriber, ranks[r].socket, opts, mirrors[r], stats));
@@ -132,8 +182,7 @@ agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg) {
       lo.topic = e.topic;
       if (events)
         lo.events_endpoint = ranks[0].endpoint;
-      if (replay_base != 0)
-        lo.replay_endpoint = "tcp://127.0.0.1:" + std::to_string(replay_base);
+      lo.replay_endpoint = replay[0]; // vLLM offsets it per rank itself
       engine_supervisor_options so;
       so.replica = e.replica;
       so.launch = wire::make_engine_launch(lo);
@@ -161,6 +210,13 @@ agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg) {
 void stop_agent(const agent_handles& handles) {
   for (const auto& a : handles.actors)
     caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+}
+
+void remove_runtime_dir(const agent_handles& handles) {
+  if (handles.runtime_dir.empty())
+    return;
+  std::error_code ignored;
+  std::filesystem::remove_all(handles.runtime_dir, ignored);
 }
 
 } // namespace llmgw

@@ -49,6 +49,8 @@ struct agent_handles {
   std::vector<caf::actor> actors;            ///< everything spawned, stopped by stop_agent
   std::vector<mirror_entry> mirrors;         ///< forwarded: engines (ranks) with KV events
   std::vector<std::string> events_endpoints; ///< per engine: rank 0's endpoint, or "" (no events)
+  /// The private folder (mode 0700) of launched engines' ipc sockets, or "".
+  std::string runtime_dir;
 };
 
 /// Spawns the node's actors in `sys`.
@@ -56,5 +58,9 @@ agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg);
 
 /// Sends every actor of `handles` an exit message.
 void stop_agent(const agent_handles& handles);
+
+/// Removes the private folder of the engines' sockets, once the agent's
+/// actors (and the engines they launched) are gone.
+void remove_runtime_dir(const agent_handles& handles);
 
 } // namespace llmgw

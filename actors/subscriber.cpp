@@ -18,21 +18,32 @@ struct subscriber_socket {
   zmq::socket_t sub{context, zmq::socket_type::sub};
 };
 
-bound_subscriber bind_subscriber(const subscriber_options& opts) {
-  bound_subscriber out;
+opened_subscriber open_subscriber(const subscriber_options& opts) {
+  opened_subscriber out;
   auto socket = std::make_shared<subscriber_socket>();
+  bool connect = wire::publisher_binds(opts.endpoint);
   try {
     socket->sub.set(zmq::sockopt::linger, 0);
-    socket->sub.set(zmq::sockopt::rcvhwm, 0); // drops happen at vLLM's side, and show as gaps
+    // A publisher that sends more than the decoder would read is cut off
+    // before its message is held; a full queue drops messages (a gap,
+    // filled by replay), rather than growing without bound.
+    socket->sub.set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(opts.max_message_bytes));
+    socket->sub.set(zmq::sockopt::rcvhwm, opts.queue_messages);
     socket->sub.set(zmq::sockopt::subscribe, opts.topic);
-    auto endpoint = opts.bind;
-    if (endpoint.size() > 2 && endpoint.compare(endpoint.size() - 2, 2, ":0") == 0)
-      endpoint.replace(endpoint.size() - 1, 1, "*");
-    socket->sub.bind(endpoint);
-    out.endpoint = socket->sub.get(zmq::sockopt::last_endpoint);
+    if (connect) {
+      socket->sub.connect(opts.endpoint);
+      out.endpoint = opts.endpoint;
+    } else {
+      auto endpoint = opts.endpoint;
+      if (endpoint.size() > 2 && endpoint.compare(endpoint.size() - 2, 2, ":0") == 0)
+        endpoint.replace(endpoint.size() - 1, 1, "*");
+      socket->sub.bind(endpoint);
+      out.endpoint = socket->sub.get(zmq::sockopt::last_endpoint);
+    }
     out.socket = std::move(socket);
   } catch (const zmq::error_t& e) {
-    out.error = fmt::format("cannot bind the KV event socket at {}: {}", opts.bind, e.what());
+    out.error = fmt::format("cannot {} the KV event socket at {}: {}", connect ? "connect" : "bind",
+                            opts.endpoint, e.what());
   }
   return out;
 }

@@ -77,7 +77,7 @@ int run_agent_actors_bench(int rounds) {
   subscriber_options so;
   so.replica = "r0";
   so.topic = topic;
-  auto bound = bind_subscriber(so);
+  auto bound = open_subscriber(so);
   if (!bound.socket) {
     fmt::print(stderr, "llmgw-bench: {}\n", bound.error);
     return 1;

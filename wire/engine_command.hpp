@@ -5,8 +5,10 @@
 // - PYTHONHASHSEED is the topology's seed, so block hashes are reproducible;
 // - --prefix-caching-hash-algo sha256_cbor, the only algorithm llmgw can
 //   recompute outside Python;
-// - with kv_events, --kv-events-config with the subscriber's endpoint (the
-//   engine's PUB connects to it), the replay endpoint and topic if any.
+// - with kv_events, --kv-events-config with the events endpoint (an ipc://
+//   path in the agent's private folder, which the engine's PUB binds, or a
+//   tcp address on loopback the subscriber bound, which it connects to), the
+//   replay endpoint and topic if any.
 // Flags of the same name in the operator's command are replaced, not
 // duplicated (the last occurrence would win in vLLM, silently).
 #pragma once
@@ -26,8 +28,8 @@ struct engine_launch_options {
   std::vector<std::string> command; ///< the operator's command line
   std::string seed;                 ///< PYTHONHASHSEED
   bool kv_events = false;
-  std::string events_endpoint; ///< tcp://127.0.0.1:PORT the subscriber bound
-  std::string replay_endpoint; ///< tcp://127.0.0.1:PORT for vLLM's ROUTER, or empty
+  std::string events_endpoint; ///< ipc://PATH, or tcp://127.0.0.1:PORT the subscriber bound
+  std::string replay_endpoint; ///< where vLLM's ROUTER binds (ipc:// or tcp://), or empty
   std::string topic;
 };
 

@@ -99,4 +99,12 @@ std::optional<std::uint64_t> seq_tracker::expected() const noexcept {
   return *last_ + 1;
 }
 
+bool publisher_binds(std::string_view endpoint) noexcept {
+  // vLLM's ZmqEventPublisher: '"*" in endpoint or "::" in endpoint or
+  // endpoint.startswith("ipc://") or endpoint.startswith("inproc://")'.
+  return endpoint.find('*') != std::string_view::npos
+         || endpoint.find("::") != std::string_view::npos || endpoint.rfind("ipc://", 0) == 0
+         || endpoint.rfind("inproc://", 0) == 0;
+}
+
 } // namespace llmgw::wire

@@ -63,6 +63,11 @@ result<replay_reply> split_replay_reply(const std::vector<std::string_view>& fra
 /// The first frame of a replay request, after the empty delimiter.
 std::array<char, 8> replay_request(std::uint64_t start_seq);
 
+/// True if vLLM's publisher binds its PUB socket at `endpoint` (an address
+/// with a wildcard, "::", ipc:// or inproc://); at any other it connects.
+/// The subscriber does the opposite, so both sides follow this one rule.
+bool publisher_binds(std::string_view endpoint) noexcept;
+
 /// What one newly received seq means for the stream.
 enum class seq_verdict : std::uint8_t {
   first,   ///< the first message seen (no history to compare with)

@@ -18,12 +18,6 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-/// vLLM binds only these; everything else it connects to.
-bool binds(const std::string& endpoint) {
-  return endpoint.find('*') != std::string::npos || endpoint.find("::") != std::string::npos
-         || endpoint.rfind("ipc://", 0) == 0 || endpoint.rfind("inproc://", 0) == 0;
-}
-
 } // namespace
 
 publisher::publisher(publisher_config cfg) : cfg_(std::move(cfg)) {
@@ -36,7 +30,7 @@ publisher::publisher(publisher_config cfg) : cfg_(std::move(cfg)) {
     try {
       pub.set(zmq::sockopt::linger, 1000);
       pub.set(zmq::sockopt::sndhwm, 100000);
-      if (binds(cfg_.endpoint))
+      if (wire::publisher_binds(cfg_.endpoint))
         pub.bind(cfg_.endpoint);
       else
         pub.connect(cfg_.endpoint);

@@ -129,6 +129,12 @@ int run_node(const wire::topology& topo_in, const std::string& name, std::size_t
     identity = std::move(*loaded);
   }
   node_config cfg(*topo, *node, threads);
+  // Removes the engines' socket folder after the actor system (declared
+  // after this) has waited for every actor.
+  struct folder_cleanup {
+    agent_handles last;
+    ~folder_cleanup() { remove_runtime_dir(last); }
+  } cleanup;
   caf::actor_system sys{cfg};
   gateway_peers control_plane;
   std::unique_ptr<gateway> gw;
@@ -188,6 +194,7 @@ int run_node(const wire::topology& topo_in, const std::string& name, std::size_t
   if (gw)
     gw->stop();
   stop_agent(agent);
+  cleanup.last.runtime_dir = agent.runtime_dir;
   stop_control_plane(control_plane);
   return exit_code; // the actor system waits for every actor as it goes
 }

@@ -23,7 +23,9 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <sys/stat.h>
 #include <thread>
+#include <unistd.h>
 
 using namespace std::chrono_literals;
 namespace json = boost::json;
@@ -104,7 +106,7 @@ struct agent_path {
     opts.topic = topic;
     opts.replay = replay;
     opts.replay_timeout = 2000ms;
-    auto bound = bind_subscriber(opts);
+    auto bound = open_subscriber(opts);
     EXPECT_TRUE(bound.socket) << bound.error;
     endpoint = bound.endpoint;
     sub = sys.spawn<caf::detached>(subscriber, bound.socket, opts, mirror, stats);
@@ -252,7 +254,7 @@ TEST(agent_path, the_control_nodes_copy_equals_the_engines_blocks) {
   subscriber_options sopts;
   sopts.replica = "r0";
   sopts.topic = c.topic;
-  auto bound = bind_subscriber(sopts);
+  auto bound = open_subscriber(sopts);
   ASSERT_TRUE(bound.socket) << bound.error;
   auto stats = std::make_shared<subscriber_stats>();
   auto sub = agent_sys.spawn<caf::detached>(subscriber, bound.socket, sopts, m, stats);
@@ -317,7 +319,13 @@ TEST(agent_node, launches_an_engine_and_forwards_its_blocks) {
   caf::actor_system agent_sys{agent_cfg};
   auto handles = start_agent(agent_sys, cfg);
   ASSERT_EQ(handles.events_endpoints.size(), 2u);
-  EXPECT_EQ(handles.events_endpoints[0].rfind("tcp://127.0.0.1:", 0), 0u);
+  // The launched engine publishes into the agent's private folder: no other
+  // local user can connect a publisher there.
+  EXPECT_EQ(handles.events_endpoints[0], "ipc://" + handles.runtime_dir + "/0.events");
+  struct stat st {};
+  ASSERT_EQ(::stat(handles.runtime_dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  EXPECT_EQ(st.st_uid, ::getuid());
   EXPECT_TRUE(handles.events_endpoints[1].empty());
   bool equal = false;
   // Bounded generously for slow sanitizer builds.
@@ -335,6 +343,9 @@ TEST(agent_node, launches_an_engine_and_forwards_its_blocks) {
   }
   stop_agent(handles);
   caf::anon_send_exit(control, caf::exit_reason::user_shutdown);
+  agent_sys.await_all_actors_done();
+  remove_runtime_dir(handles);
+  EXPECT_NE(::access(handles.runtime_dir.c_str(), F_OK), 0) << "removed once the agent stopped";
 }
 
 TEST(agent_node, data_parallel_ranks_have_their_own_ports_and_mirrors) {
@@ -383,4 +394,24 @@ TEST(agent_node, data_parallel_ranks_have_their_own_ports_and_mirrors) {
   }
   stop_agent(handles);
   caf::anon_send_exit(control, caf::exit_reason::user_shutdown);
+}
+
+TEST(agent_stream, a_message_over_the_size_limit_cuts_its_publisher_off_unread) {
+  auto c = load("S1_basic.map.int.json");
+  agent_path path(c.topic);
+  {
+    publisher p(path.endpoint);
+    p.send(c.frames[0], 0);
+    ASSERT_TRUE(path.wait_for_messages(1));
+    frame huge = c.frames[1];
+    huge.payload.assign((8u << 20) + 1, 'x'); // one byte over the decoder's limit
+    p.send(huge, 1);
+  }
+  // A second publisher's message is the point after which the first one's
+  // would have been read.
+  publisher again(path.endpoint);
+  again.send(c.frames[1], 2);
+  ASSERT_TRUE(path.wait_for_messages(2));
+  EXPECT_EQ(path.stats->messages.load(), 2u) << "the oversized message was never received";
+  EXPECT_EQ(path.stats->decode_errors.load(), 0u) << "nor held and handed to the decoder";
 }

@@ -75,7 +75,10 @@ int main(int argc, char** argv) {
     // retries a poll a signal interrupted); after 10 s exit 6 and let the
     // supervisor start us again.
     pub.set(zmq::sockopt::rcvtimeo, 100);
-    pub.connect(endpoint);
+    if (llmgw::wire::publisher_binds(endpoint)) // as vLLM does
+      pub.bind(endpoint);
+    else
+      pub.connect(endpoint);
     zmq::message_t subscription;
     bool subscribed = false;
     for (int i = 0; i < 100 && !stop && !subscribed; ++i)
