@@ -154,7 +154,8 @@ void route_flow(caf::actor_system& sys, const gateway_peers& peers,
 }
 
 gateway::gateway(caf::actor_system& sys, std::shared_ptr<const wire::topology> topo,
-                 const std::string& host, std::uint16_t port, gateway_peers peers)
+                 const std::string& host, std::uint16_t port, gateway_peers peers,
+                 const std::string& admin_host, std::uint16_t admin_port)
   : sys_(sys), topo_(std::move(topo)), peers_(std::move(peers)) {
   json::array data;
   std::set<std::string> seen;
@@ -195,14 +196,39 @@ gateway::gateway(caf::actor_system& sys, std::shared_ptr<const wire::topology> t
   limits.read_timeout = g.read_timeout;
   limits.idle_timeout = g.idle_timeout;
   limits.max_connections = g.max_connections;
+  limits.max_connections_per_client = g.max_connections_per_client;
   server_ = std::make_unique<http_server>(host, port, std::move(loops), limits,
                                           [this](http_request&& req, http_responder respond) {
                                             handle(std::move(req), std::move(respond));
                                           });
+  error_ = server_->error();
+  if (!error_.empty() || admin_host.empty())
+    return;
+  // Probes and scrapes: few connections, small requests, no per-client cap
+  // (a monitoring system may hold several), one thread.
+  http_server_limits admin_limits;
+  admin_limits.max_body_bytes = 4096;
+  admin_limits.max_header_bytes = 16384;
+  admin_limits.max_connections = 64;
+  admin_ = std::make_unique<http_server>(
+    admin_host, admin_port, 1, admin_limits, [this](http_request&& req, http_responder respond) {
+      auto path = req.target.substr(0, req.target.find('?'));
+      if (!handle_admin(path, req, respond))
+        respond(error_reply(404, "NotFoundError",
+                            "the admin listener serves /healthz, /metrics and /v1/kv/replicas"));
+    });
+  if (!admin_->error().empty())
+    error_ = "admin listener: " + admin_->error();
 }
 
 gateway::~gateway() {
+  stop();
+}
+
+void gateway::stop() {
   server_->stop();
+  if (admin_)
+    admin_->stop();
 }
 
 std::shared_ptr<http_client> gateway::upstream_here() const {
@@ -213,48 +239,65 @@ std::shared_ptr<http_client> gateway::upstream_here() const {
   return upstreams_.front().second; // not on a loop thread: any client will do
 }
 
-void gateway::handle(http_request&& req, http_responder respond) {
-  auto path = req.target.substr(0, req.target.find('?'));
-  auto method_is = [&](const char* m) {
-    if (req.method == m)
-      return true;
-    respond(error_reply(405, "MethodNotAllowed", req.method + " is not allowed on " + path));
-    return false;
+namespace {
+
+/// Answers 405 unless the request's method is `m`.
+bool method_is(const http_request& req, const std::string& path, const char* m,
+               http_responder& respond) {
+  if (req.method == m)
+    return true;
+  respond(error_reply(405, "MethodNotAllowed", req.method + " is not allowed on " + path));
+  return false;
+}
+
+void append_http_counters(wire::metrics_text& m, const http_server_counters& counters,
+                          const wire::metric_labels& listener) {
+  auto with = [&](wire::metric_labels more) {
+    more.insert(more.begin(), listener.begin(), listener.end());
+    return more;
   };
+  m.counter("llmgw_http_requests_total", "HTTP requests read, by listener.",
+            static_cast<double>(counters.requests.load()), listener);
+  m.counter("llmgw_http_connections_total", "HTTP connections accepted, by listener.",
+            static_cast<double>(counters.connections.load()), listener);
+  m.gauge("llmgw_http_open_connections", "HTTP connections open now, by listener.",
+          static_cast<double>(counters.open.load()), listener);
+  m.counter("llmgw_http_idle_evicted_total",
+            "Idle HTTP connections closed to make room for new ones, by listener.",
+            static_cast<double>(counters.evicted.load()), listener);
+  auto bad = [&](const char* why, std::uint64_t n) {
+    m.counter("llmgw_http_refused_total",
+              "HTTP requests or connections refused, by listener and reason.",
+              static_cast<double>(n), with({{"reason", why}}));
+  };
+  bad("malformed", counters.bad_requests.load());
+  bad("too_large", counters.too_large.load());
+  bad("unsupported", counters.unsupported.load());
+  bad("timeout", counters.timeouts.load());
+  bad("too_many_connections", counters.rejected_connections.load());
+  bad("too_many_from_client", counters.rejected_per_client.load());
+}
+
+} // namespace
+
+bool gateway::handle_admin(const std::string& path, const http_request& req,
+                           http_responder& respond) {
   if (path == "/healthz") {
-    if (method_is("GET"))
+    if (method_is(req, path, "GET", respond))
       respond(json_reply(200, R"({"status":"ok"})"));
-    return;
-  }
-  if (path == "/v1/models") {
-    if (method_is("GET"))
-      respond(json_reply(200, models_json_));
-    return;
+    return true;
   }
   if (path == "/metrics") {
-    if (!method_is("GET"))
-      return;
+    if (!method_is(req, path, "GET", respond))
+      return true;
     // The router's and the gateway's own parts are read here; the control
     // actor's come by message.
     wire::metrics_text m;
     peers_.shared_router->append_metrics(m);
     stats_->append(m);
-    const auto& counters = server_->counters();
-    m.counter("llmgw_http_requests_total", "HTTP requests read by the gateway.",
-              static_cast<double>(counters.requests.load()));
-    m.counter("llmgw_http_connections_total", "HTTP connections accepted.",
-              static_cast<double>(counters.connections.load()));
-    m.gauge("llmgw_http_open_connections", "HTTP connections open now.",
-            static_cast<double>(counters.open.load()));
-    auto bad = [&](const char* why, std::uint64_t n) {
-      m.counter("llmgw_http_refused_total", "HTTP requests or connections refused, by reason.",
-                static_cast<double>(n), {{"reason", why}});
-    };
-    bad("malformed", counters.bad_requests.load());
-    bad("too_large", counters.too_large.load());
-    bad("unsupported", counters.unsupported.load());
-    bad("timeout", counters.timeouts.load());
-    bad("too_many_connections", counters.rejected_connections.load());
+    append_http_counters(m, server_->counters(), {{"listener", "gateway"}});
+    if (admin_)
+      append_http_counters(m, admin_->counters(), {{"listener", "admin"}});
     auto cache = peers_.token_cache->stats();
     m.counter("llmgw_tokenize_cache_hits_total",
               "Text prompts whose tokens the gateway found in the tokenizer's cache.",
@@ -279,11 +322,24 @@ void gateway::handle(http_request&& req, http_responder respond) {
               error_reply(503, "ServiceUnavailableError", "control actor: " + caf::to_string(e)));
           });
     });
-    return;
+    return true;
   }
   if (path == "/v1/kv/replicas") {
-    if (method_is("GET"))
+    if (method_is(req, path, "GET", respond))
       respond(json_reply(200, peers_.shared_router->kv_replicas_json()));
+    return true;
+  }
+  return false;
+}
+
+void gateway::handle(http_request&& req, http_responder respond) {
+  auto path = req.target.substr(0, req.target.find('?'));
+  auto method_is = [&](const char* m) { return llmgw::method_is(req, path, m, respond); };
+  if (handle_admin(path, req, respond))
+    return;
+  if (path == "/v1/models") {
+    if (method_is("GET"))
+      respond(json_reply(200, models_json_));
     return;
   }
   if (path == "/v1/completions" || path == "/v1/chat/completions") {

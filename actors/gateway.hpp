@@ -15,7 +15,10 @@
 //                          proxied to the chosen replica (actors/proxy.hpp)
 //   POST /v1/route         a completion or chat body: the decision and every
 //                          replica's tier-1 and tier-2 score, nothing proxied
-// Errors the gateway makes itself are OpenAI-style JSON.
+// Errors the gateway makes itself are OpenAI-style JSON. With an admin
+// address, a second listener with connections of its own serves /healthz,
+// /metrics and /v1/kv/replicas only: probes and scrapes get through however
+// many connections clients hold on the gateway's port.
 //
 // Routing a request (route_flow): take the prompt's token ids, or its tokens
 // from the cache, or tokenize through the tokenizer; hash the blocks and the
@@ -72,20 +75,26 @@ void route_flow(caf::actor_system& sys, const gateway_peers& peers,
 
 class gateway {
 public:
-  /// Listens on the control node's http address (port 0: any). On failure,
-  /// error() says why and port() is 0.
+  /// Listens on the control node's http address (port 0: any), and on its
+  /// admin address when `admin_host` is not empty. On failure, error() says
+  /// why and port() is 0.
   gateway(caf::actor_system& sys, std::shared_ptr<const wire::topology> topo,
-          const std::string& host, std::uint16_t port, gateway_peers peers);
+          const std::string& host, std::uint16_t port, gateway_peers peers,
+          const std::string& admin_host = {}, std::uint16_t admin_port = 0);
   ~gateway();
 
-  std::uint16_t port() const noexcept { return server_->port(); }
-  const std::string& error() const noexcept { return server_->error(); }
+  std::uint16_t port() const noexcept { return error_.empty() ? server_->port() : 0; }
+  /// The admin listener's port (0 without one).
+  std::uint16_t admin_port() const noexcept { return admin_ ? admin_->port() : 0; }
+  const std::string& error() const noexcept { return error_; }
 
   /// Stops serving; requests in flight get no answer.
-  void stop() { server_->stop(); }
+  void stop();
 
 private:
   void handle(http_request&& req, http_responder respond);
+  /// The endpoints both listeners serve; false if `path` is none of them.
+  bool handle_admin(const std::string& path, const http_request& req, http_responder& respond);
   /// The upstream client on the calling thread's loop.
   std::shared_ptr<http_client> upstream_here() const;
 
@@ -97,6 +106,8 @@ private:
   /// The upstream client of each loop (before server_: stopped after it).
   std::vector<std::pair<const io_loop*, std::shared_ptr<http_client>>> upstreams_;
   std::unique_ptr<http_server> server_;
+  std::unique_ptr<http_server> admin_;
+  std::string error_;
 };
 
 } // namespace llmgw

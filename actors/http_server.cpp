@@ -26,6 +26,7 @@
 #include <optional>
 #include <stdexcept>
 #include <thread>
+#include <unordered_map>
 
 namespace llmgw {
 
@@ -75,6 +76,28 @@ struct shared_state {
   http_server_counters counters;
   std::mutex mtx;
   bool alive = true; ///< guarded by mtx
+  std::mutex clients_mtx;
+  std::unordered_map<std::string, std::size_t> clients; ///< open connections per address
+
+  /// Counts a connection from `address`; false if that address is at its cap.
+  bool admit(const std::string& address) {
+    std::lock_guard<std::mutex> g(clients_mtx);
+    auto& n = clients[address];
+    if (limits.max_connections_per_client != 0 && n >= limits.max_connections_per_client) {
+      if (n == 0)
+        clients.erase(address);
+      return false;
+    }
+    ++n;
+    return true;
+  }
+
+  void release(const std::string& address) {
+    std::lock_guard<std::mutex> g(clients_mtx);
+    auto it = clients.find(address);
+    if (it != clients.end() && --it->second == 0)
+      clients.erase(it);
+  }
 };
 
 } // namespace
@@ -157,18 +180,31 @@ void append_head(std::string& out, int status, const std::string& content_type,
 
 class session : public std::enable_shared_from_this<session> {
 public:
-  session(socket_type socket, std::shared_ptr<shared_state> srv, loop_sessions* slot)
-    : socket_(std::move(socket)), srv_(std::move(srv)), slot_(slot) {
+  /// `client`: the address admitted for it (released when it goes), or ""
+  /// for a connection that is only told it is over a cap.
+  session(socket_type socket, std::shared_ptr<shared_state> srv, std::string client)
+    : socket_(std::move(socket)), srv_(std::move(srv)), client_(std::move(client)) {
     ++srv_->counters.open;
     ++srv_->counters.connections;
   }
-  ~session() { --srv_->counters.open; }
+  ~session() {
+    --srv_->counters.open;
+    if (!client_.empty())
+      srv_->release(client_);
+  }
 
   /// On the session's loop: joins the loop's deadline checks (the server
   /// and its loops exist while it accepts).
-  void enroll() {
-    slot_->sessions.push_back(weak_from_this());
-    slot_ = nullptr; // not needed again; the server may go first
+  void enroll(loop_sessions& slot) { slot.sessions.push_back(weak_from_this()); }
+
+  /// Since when the connection waits for a request (or the rest of a head)
+  /// with nothing in progress; max while a request is read or answered.
+  clock::time_point idle_since() const { return closed_ ? clock::time_point::max() : idle_since_; }
+
+  /// Closes an idle connection to make room for a new one.
+  void evict() {
+    ++srv_->counters.evicted;
+    close(); // the pending read ends with operation_aborted
   }
 
   void start() {
@@ -177,11 +213,12 @@ public:
     read();
   }
 
-  /// Answers with `status` and closes: for connections over the cap.
+  /// Answers with `status` and closes: for connections over a cap.
   void refuse(int status, const std::string& message) {
     http_reply r;
     r.status = status;
     r.body = wire::openai_error_json(message, "ServiceUnavailableError", status);
+    r.headers.emplace_back("Retry-After", "1");
     keep_alive_ = false;
     write_whole(std::move(r));
   }
@@ -290,12 +327,14 @@ private:
     parser_->body_limit(srv_->limits.max_body_bytes);
     parser_->header_limit(static_cast<std::uint32_t>(srv_->limits.max_header_bytes));
     deadline_ = clock::now() + srv_->limits.idle_timeout;
+    idle_since_ = clock::now();
     auto self = shared_from_this();
     http::async_read_header(socket_, buffer_, *parser_,
                             [self](beast::error_code ec, std::size_t) { self->on_header(ec); });
   }
 
   void on_header(beast::error_code ec) {
+    idle_since_ = clock::time_point::max();
     if (ec)
       return on_error(ec);
     deadline_ = clock::now() + srv_->limits.read_timeout;
@@ -505,6 +544,7 @@ private:
     if (watching_) {
       exchange_.reset();
       deadline_ = clock::now() + srv_->limits.idle_timeout;
+      idle_since_ = clock::now();
       if (buffer_.size() > 0) {
         // A pipelined request waits in the buffer: end the watch (two reads
         // at once are not allowed); its handler then reads.
@@ -530,7 +570,8 @@ private:
 
   socket_type socket_;
   std::shared_ptr<shared_state> srv_;
-  loop_sessions* slot_;
+  std::string client_;
+  clock::time_point idle_since_ = clock::time_point::max();
   std::shared_ptr<session> keep_; ///< set while an answer is pending
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
@@ -547,6 +588,27 @@ private:
   bool writing_ = false;
   std::deque<queued> queue_;
 };
+
+/// Closes the loop's connection that has been idle longest (not `except`);
+/// false if none is idle.
+bool evict_oldest_idle(loop_sessions& slot, const session* except) {
+  session* oldest = nullptr;
+  auto since = clock::time_point::max();
+  for (const auto& w : slot.sessions) {
+    auto s = w.lock();
+    if (!s || s.get() == except)
+      continue;
+    auto t = s->idle_since();
+    if (t < since) {
+      since = t;
+      oldest = s.get();
+    }
+  }
+  if (!oldest)
+    return false;
+  oldest->evict();
+  return true;
+}
 
 /// Checks the deadlines of a loop's sessions every `period`, and forgets
 /// sessions that are gone.
@@ -670,11 +732,19 @@ void http_server::impl::accept() {
       if (stopped)
         return;
       if (!ec) {
-        auto s = std::make_shared<session>(std::move(socket), shared, slots[i].get());
+        beast::error_code ignored;
+        auto client = socket.remote_endpoint(ignored).address().to_string();
+        bool admitted = shared->admit(client);
+        auto s = std::make_shared<session>(std::move(socket), shared,
+                                           admitted ? std::move(client) : std::string{});
         // On the session's own loop from its first step.
-        asio::dispatch(s->get_executor(), [s, srv = shared] {
-          s->enroll();
-          if (srv->counters.open > srv->limits.max_connections) {
+        asio::dispatch(s->get_executor(), [s, srv = shared, slot = slots[i], admitted] {
+          s->enroll(*slot);
+          if (!admitted) {
+            ++srv->counters.rejected_per_client;
+            s->refuse(503, "too many open connections from this address");
+          } else if (srv->counters.open > srv->limits.max_connections
+                     && !evict_oldest_idle(*slot, s.get())) {
             ++srv->counters.rejected_connections;
             s->refuse(503, "too many open connections");
           } else {

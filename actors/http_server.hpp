@@ -12,8 +12,12 @@
 //
 // Hostile clients are bounded: body and header sizes (413 and 431), a
 // deadline for reading a whole request and an idle timeout between requests
-// (the connection is closed), a cap on open connections (503 and close), and
-// malformed requests (400 and close). Each case is counted.
+// (the connection is closed), a cap on open connections, a cap per client
+// address (503 and close), and malformed requests (400 and close). When the
+// connections run short, the one idle longest (waiting for a request, or
+// for the rest of a request head) is closed to make room: idle connections
+// cannot keep others out, only requests in progress count against the cap.
+// Each case is counted.
 // Beast stays out of this header.
 #pragma once
 
@@ -107,6 +111,9 @@ struct http_server_limits {
   // Both are checked every tenth of the shorter (10 ms to 1 s): a connection
   // is closed within that much after its deadline.
   std::size_t max_connections = 1024;
+  /// Open connections from one client address at most (0: no cap). Behind a
+  /// load balancer every client has its address: raise it or set 0.
+  std::size_t max_connections_per_client = 0;
 };
 
 /// What the server counts (read by /metrics).
@@ -114,7 +121,9 @@ struct http_server_counters {
   std::atomic<std::uint64_t> connections{0};
   std::atomic<std::uint64_t> open{0};
   std::atomic<std::uint64_t> requests{0};
-  std::atomic<std::uint64_t> rejected_connections{0}; ///< over max_connections
+  std::atomic<std::uint64_t> rejected_connections{0}; ///< over max_connections, none idle
+  std::atomic<std::uint64_t> rejected_per_client{0};  ///< over max_connections_per_client
+  std::atomic<std::uint64_t> evicted{0};              ///< idle connections closed to make room
   std::atomic<std::uint64_t> bad_requests{0};         ///< malformed: 400
   std::atomic<std::uint64_t> too_large{0};            ///< body or header over the limit
   std::atomic<std::uint64_t> unsupported{0}; ///< an expectation or transfer coding: 417, 501

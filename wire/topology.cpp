@@ -369,8 +369,8 @@ void read_gateway(checker& c, const toml::value& doc, gateway_settings& g) {
   }
   c.only_keys(*gw, "[gateway]",
               {"max_body_bytes", "max_header_bytes", "read_timeout_ms", "idle_timeout_ms",
-               "request_timeout_ms", "connect_timeout_ms", "max_connections", "max_attempts",
-               "mark_down_ms", "threads"});
+               "request_timeout_ms", "connect_timeout_ms", "max_connections",
+               "max_connections_per_client", "max_attempts", "mark_down_ms", "threads"});
   c.read_number(*gw, "gateway", "max_body_bytes", 1024, std::int64_t{1} << 30, g.max_body_bytes);
   c.read_number(*gw, "gateway", "max_header_bytes", 1024, 1 << 20, g.max_header_bytes);
   c.read_ms(*gw, "gateway", "read_timeout_ms", 100, 3600000, g.read_timeout);
@@ -378,6 +378,8 @@ void read_gateway(checker& c, const toml::value& doc, gateway_settings& g) {
   c.read_ms(*gw, "gateway", "request_timeout_ms", 100, 86400000, g.request_timeout);
   c.read_ms(*gw, "gateway", "connect_timeout_ms", 10, 600000, g.connect_timeout);
   c.read_number(*gw, "gateway", "max_connections", 1, 1000000, g.max_connections);
+  c.read_number(*gw, "gateway", "max_connections_per_client", 0, 1000000,
+                g.max_connections_per_client);
   c.read_number(*gw, "gateway", "max_attempts", 1, 16, g.max_attempts);
   c.read_ms(*gw, "gateway", "mark_down_ms", 0, 3600000, g.down_for);
   c.read_number(*gw, "gateway", "threads", 1, 256, g.threads);
@@ -441,8 +443,9 @@ void read_engine(checker& c, const toml::value& t, const std::string& where, eng
 void read_node(checker& c, const toml::value& t, std::size_t index, const topology& topo,
                node_spec& n, bool check_files) {
   auto where = fmt::format("node[{}]", index);
-  c.only_keys(t, where,
-              {"name", "host", "port", "roles", "http", "cert", "key", "fingerprints", "engine"});
+  c.only_keys(
+    t, where,
+    {"name", "host", "port", "roles", "http", "admin", "cert", "key", "fingerprints", "engine"});
   c.read(t, where, "name", n.name, true);
   if (!n.name.empty()) {
     where = fmt::format("node '{}'", n.name);
@@ -478,6 +481,13 @@ void read_node(checker& c, const toml::value& t, std::size_t index, const topolo
                              where));
   if (!n.roles.control && !http.empty())
     c.problem(*c.find(t, "http"), fmt::format("{}.http is only for control nodes", where));
+  std::string admin;
+  c.read(t, where, "admin", admin, false);
+  if (!admin.empty() && !split_host_port(admin, n.admin_host, n.admin_port))
+    c.problem(*c.find(t, "admin"),
+              fmt::format("{}.admin '{}' must be HOST:PORT with a port in 1..65535", where, admin));
+  if (!n.roles.control && !admin.empty())
+    c.problem(*c.find(t, "admin"), fmt::format("{}.admin is only for control nodes", where));
   if (n.roles.control && n.port == 0)
     c.problem(t, fmt::format("{} is a control node: it needs a port agents connect to", where));
   c.read(t, where, "cert", n.cert, false);
@@ -562,14 +572,17 @@ void check_cluster_wide(checker& c, const std::vector<const toml::value*>& value
         c.problem(node_value(i), fmt::format("node '{}': {} is already node '{}''s address", n.name,
                                              k, topo.nodes[caf_ports[k]].name));
     }
-    if (n.http_port != 0) {
-      // A wildcard listen address is per machine: two nodes clash only on
-      // the same host.
-      bool wildcard = n.http_host == "0.0.0.0" || n.http_host == "::";
-      auto k = (wildcard ? n.host : n.http_host) + ":" + std::to_string(n.http_port);
+    // A wildcard listen address is per machine: two listeners clash only on
+    // the same host.
+    for (auto [host, port, what] :
+         {std::tuple{n.http_host, n.http_port, "http"}, {n.admin_host, n.admin_port, "admin"}}) {
+      if (port == 0)
+        continue;
+      bool wildcard = host == "0.0.0.0" || host == "::";
+      auto k = (wildcard ? n.host : host) + ":" + std::to_string(port);
       if (!http_ports.emplace(k, i).second)
-        c.problem(node_value(i), fmt::format("node '{}': http {} is already used by node '{}'",
-                                             n.name, k, topo.nodes[http_ports[k]].name));
+        c.problem(node_value(i), fmt::format("node '{}': {} {} is already used by node '{}'",
+                                             n.name, what, k, topo.nodes[http_ports[k]].name));
     }
     if (topo.plaintext && !n.host.empty() && !is_loopback(n.host))
       c.problem(node_value(i),

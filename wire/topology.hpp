@@ -7,7 +7,8 @@
 //   [router]    scoring and tier-1 knobs (router_settings below)
 //   [gateway]   HTTP limits and the proxy's timeouts (gateway_settings below)
 //   [[node]]    name, host, port, roles = ["agent", "control"], http
-//               ("host:port", control nodes), cert and key (PEM),
+//               ("host:port", control nodes), admin ("host:port", control
+//               nodes, optional: health and metrics only), cert and key (PEM),
 //               fingerprints (the certificates it may present)
 //   [[node.engine]] (agent nodes) replica, model, url, lora, kv_events,
 //               events_port, topic, dp_size, launch, replay, replay_endpoint
@@ -56,6 +57,11 @@ struct node_spec {
   node_roles roles;
   std::string http_host; ///< control nodes: the gateway's listen address
   std::uint16_t http_port = 0;
+  /// Control nodes, optional: a second listener for /healthz, /metrics and
+  /// /v1/kv/replicas only, with connections of its own, so probes and
+  /// scrapes get through whatever clients do on the gateway's port.
+  std::string admin_host;
+  std::uint16_t admin_port = 0;
   std::string cert; ///< PEM certificate, signed by the cluster's CA
   std::string key;  ///< its private key (PEM, unencrypted)
   /// The certificates this node may present, as normalize_fingerprint()
@@ -88,6 +94,9 @@ struct gateway_settings {
   std::chrono::milliseconds request_timeout{600000}; ///< a whole proxied request
   std::chrono::milliseconds connect_timeout{2000};   ///< to connect to a replica
   std::size_t max_connections = 4096;
+  /// Open connections from one client address (0: no cap). Behind a load
+  /// balancer that connects from one address, raise it or set 0.
+  std::size_t max_connections_per_client = 1024;
   std::uint32_t max_attempts = 3;            ///< replicas tried before giving up
   std::chrono::milliseconds down_for{10000}; ///< a failed replica is avoided this long
   /// Gateway HTTP threads, each an event loop with its share of the

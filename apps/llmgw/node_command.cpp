@@ -167,14 +167,18 @@ int run_node(const wire::topology& topo_in, const std::string& name, std::size_t
                 sys.render(published.error()));
       exit_code = 1;
     } else {
-      gw = std::make_unique<gateway>(sys, topo, node->http_host, node->http_port, peers);
+      gw = std::make_unique<gateway>(sys, topo, node->http_host, node->http_port, peers,
+                                     node->admin_host, node->admin_port);
       if (gw->port() == 0) {
         LLMGW_LOG(error, who, "gateway: {}", gw->error());
         exit_code = 1;
       } else {
-        LLMGW_LOG(info, who, "control: agents connect to {}:{} ({}), gateway at http://{}:{}",
+        LLMGW_LOG(info, who, "control: agents connect to {}:{} ({}), gateway at http://{}:{}{}",
                   node->host, *published, topo->plaintext ? "plaintext" : "mutual TLS",
-                  node->http_host, gw->port());
+                  node->http_host, gw->port(),
+                  gw->admin_port() == 0
+                    ? std::string{}
+                    : fmt::format(", admin at http://{}:{}", node->admin_host, gw->admin_port()));
       }
     }
   }

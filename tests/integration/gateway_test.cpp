@@ -479,3 +479,61 @@ TEST_F(interim_gateway_test, expect_is_answered_by_the_gateway_and_never_forward
     << "a header the Connection header names is for one hop only: " << heads[0];
   EXPECT_NE(heads[0].find("x-kept: yes"), std::string::npos) << heads[0];
 }
+
+TEST(gateway_admin, health_and_metrics_answer_while_clients_hold_every_connection) {
+  fake_engine e0{"e0"};
+  e0.how = fake_engine::mode::hang;
+  auto topo = std::make_shared<wire::topology>();
+  topo->seed = "0";
+  topo->plaintext = true;
+  topo->gateway.max_connections = 2;
+  wire::node_spec c;
+  c.name = "control-1";
+  c.roles.control = true;
+  topo->nodes.push_back(c);
+  wire::node_spec a;
+  a.name = "agent-a";
+  a.roles.agent = true;
+  wire::engine_spec spec;
+  spec.replica = "e0";
+  spec.model = "m";
+  spec.url = e0.url();
+  a.engines.push_back(spec);
+  topo->nodes.push_back(a);
+  sys_config cfg;
+  caf::actor_system sys{cfg};
+  auto peers = spawn_control_plane(sys, control_options{"control-1", topo, {}, {}, 64});
+  gateway gw(sys, topo, "127.0.0.1", 0, peers, "127.0.0.1", 0);
+  ASSERT_NE(gw.port(), 0) << gw.error();
+  ASSERT_NE(gw.admin_port(), 0);
+  http_client client;
+  auto base = "http://127.0.0.1:" + std::to_string(gw.port());
+  std::vector<std::shared_ptr<http_call>> held; // two requests the engine never answers
+  for (int i = 0; i < 2; ++i)
+    held.push_back(client.call("POST", base, "/v1/completions", body_ids, {}, 2s, 30s, {}));
+  for (int i = 0; i < 500 && e0.requests() < 2; ++i)
+    std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(e0.requests(), 2u);
+  auto get = [&](std::uint16_t port, const std::string& target) {
+    std::promise<http_response> p;
+    client.request("GET", "http://127.0.0.1:" + std::to_string(port), target, "", 5s,
+                   [&p](http_response r) { p.set_value(std::move(r)); });
+    return p.get_future().get();
+  };
+  EXPECT_EQ(get(gw.port(), "/healthz").status, 503) << "the gateway's port is full";
+  EXPECT_EQ(get(gw.admin_port(), "/healthz").status, 200);
+  auto metrics = get(gw.admin_port(), "/metrics");
+  EXPECT_EQ(metrics.status, 200);
+  EXPECT_NE(metrics.body.find(
+              "llmgw_http_refused_total{listener=\"gateway\",reason=\"too_many_connections\"} 1\n"),
+            std::string::npos)
+    << metrics.body;
+  EXPECT_NE(metrics.body.find("llmgw_http_open_connections{listener=\"gateway\"} 2\n"),
+            std::string::npos);
+  EXPECT_EQ(get(gw.admin_port(), "/v1/kv/replicas").status, 200);
+  EXPECT_EQ(get(gw.admin_port(), "/v1/models").status, 404) << "only the admin endpoints";
+  for (auto& h : held)
+    h->cancel();
+  gw.stop();
+  stop_control_plane(peers);
+}

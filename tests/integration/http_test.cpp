@@ -380,6 +380,20 @@ public:
     }
     return got_;
   }
+  /// True once the server closed the connection (EOF), false if it is
+  /// still open after `timeout`.
+  bool closed_by_server(std::chrono::milliseconds timeout = 5000ms) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      char buf[4096];
+      auto n = ::recv(fd_, buf, sizeof buf, 0);
+      if (n == 0 || (n < 0 && errno == ECONNRESET))
+        return true;
+      if (n > 0)
+        got_.append(buf, static_cast<std::size_t>(n));
+    }
+    return false;
+  }
   void close() {
     if (fd_ >= 0)
       ::close(fd_);
@@ -826,4 +840,53 @@ TEST(http_server, a_stream_to_an_http10_client_is_close_delimited_with_one_cache
   }
   for (auto& w : workers)
     w.join();
+}
+
+TEST(http_server, idle_connections_make_room_for_new_ones) {
+  // Before: 4,100 idle connections made every client get 503.
+  http_server_limits limits;
+  limits.max_connections = 4;
+  http_server server("127.0.0.1", 0, 1, limits, echo_handler());
+  std::vector<std::unique_ptr<raw_client>> idle;
+  for (int i = 0; i < 4; ++i) {
+    idle.push_back(std::make_unique<raw_client>(server.port()));
+    // One at a time, so the first is the one idle longest.
+    for (int j = 0; j < 500 && server.counters().open.load() < static_cast<unsigned>(i + 1); ++j)
+      std::this_thread::sleep_for(1ms);
+  }
+  idle[3]->send("GET /half HTTP/1.1\r\nHost"); // half a head: idle too
+  auto r = post(server.port(), "/work", "x");
+  EXPECT_EQ(r.status, 200) << "a client with a request gets in";
+  EXPECT_EQ(r.body, "POST /work x");
+  EXPECT_EQ(server.counters().evicted.load(), 1u);
+  EXPECT_EQ(server.counters().rejected_connections.load(), 0u);
+  EXPECT_TRUE(idle[0]->closed_by_server()) << "the one idle longest was closed";
+  // The others still work.
+  for (int i : {1, 2}) {
+    idle[static_cast<std::size_t>(i)]->send("GET /still HTTP/1.1\r\nHost: x\r\n\r\n");
+    EXPECT_NE(idle[static_cast<std::size_t>(i)]->read_until("GET /still").find("GET /still"),
+              std::string::npos)
+      << i;
+  }
+}
+
+TEST(http_server, one_address_cannot_take_every_connection) {
+  http_server_limits limits;
+  limits.max_connections_per_client = 2;
+  http_server server("127.0.0.1", 0, 1, limits, echo_handler());
+  auto a = std::make_unique<raw_client>(server.port());
+  raw_client b(server.port());
+  for (int j = 0; j < 500 && server.counters().open.load() < 2; ++j)
+    std::this_thread::sleep_for(1ms);
+  auto third = raw_exchange(server.port(), "GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(third.rfind("HTTP/1.1 503", 0), 0u) << third;
+  EXPECT_NE(third.find("too many open connections from this address"), std::string::npos);
+  EXPECT_NE(third.find("Retry-After: 1\r\n"), std::string::npos) << third;
+  EXPECT_EQ(server.counters().rejected_per_client.load(), 1u);
+  a.reset(); // one closes: its slot is free again
+  for (int j = 0; j < 500 && server.counters().open.load() > 1; ++j)
+    std::this_thread::sleep_for(1ms);
+  auto fourth =
+    raw_exchange(server.port(), "GET /ok HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(fourth.rfind("HTTP/1.1 200", 0), 0u) << fourth;
 }
