@@ -197,6 +197,7 @@ gateway::gateway(caf::actor_system& sys, std::shared_ptr<const wire::topology> t
   limits.idle_timeout = g.idle_timeout;
   limits.max_connections = g.max_connections;
   limits.max_connections_per_client = g.max_connections_per_client;
+  limits.max_buffered_body_bytes = g.max_buffered_body_mib << 20;
   server_ = std::make_unique<http_server>(host, port, std::move(loops), limits,
                                           [this](http_request&& req, http_responder respond) {
                                             handle(std::move(req), std::move(respond));
@@ -276,6 +277,10 @@ void append_http_counters(wire::metrics_text& m, const http_server_counters& cou
   bad("timeout", counters.timeouts.load());
   bad("too_many_connections", counters.rejected_connections.load());
   bad("too_many_from_client", counters.rejected_per_client.load());
+  bad("over_body_budget", counters.over_body_budget.load());
+  m.gauge("llmgw_http_buffered_body_bytes",
+          "Request bodies held now (from their head until their answer is out), by listener.",
+          static_cast<double>(counters.buffered_body_bytes.load()), listener);
 }
 
 } // namespace

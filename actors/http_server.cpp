@@ -188,6 +188,7 @@ public:
     ++srv_->counters.connections;
   }
   ~session() {
+    release_body();
     --srv_->counters.open;
     if (!client_.empty())
       srv_->release(client_);
@@ -351,15 +352,54 @@ private:
     // Expect is answered here and never passed on: 100 Continue before the
     // body is read (a client may wait for it), 417 for any other expectation.
     auto expect = head[http::field::expect];
-    if (!expect.empty()) {
-      if (!beast::iequals(expect, "100-continue"))
-        return refuse_request(417, "BadRequestError",
-                              "the expectation '" + std::string(expect)
-                                + "' is not supported; only 100-continue is");
-      if (!http10_ && !parser_->is_done())
-        return send_continue();
-    }
+    if (!expect.empty() && !beast::iequals(expect, "100-continue"))
+      return refuse_request(417, "BadRequestError",
+                            "the expectation '" + std::string(expect)
+                              + "' is not supported; only 100-continue is");
+    if (!reserve_body())
+      return;
+    if (!expect.empty() && !http10_ && !parser_->is_done())
+      return send_continue();
     read_body();
+  }
+
+  /// Counts the body against the server's budget; false (and a 503 on its
+  /// way) if it does not fit.
+  bool reserve_body() {
+    auto budget = srv_->limits.max_buffered_body_bytes;
+    if (budget == 0)
+      return true;
+    std::size_t need = 0;
+    if (auto length = parser_->content_length())
+      need = static_cast<std::size_t>(*length);
+    else if (parser_->chunked())
+      need = srv_->limits.max_body_bytes;
+    if (need == 0)
+      return true;
+    auto& held = srv_->counters.buffered_body_bytes;
+    auto now = held.load();
+    do {
+      if (now + need > budget) {
+        ++srv_->counters.over_body_budget;
+        keep_alive_ = false;
+        write_whole(http_reply{503,
+                               "application/json",
+                               wire::openai_error_json("the server holds as many request bodies "
+                                                       "as it may; retry shortly",
+                                                       "ServiceUnavailableError", 503),
+                               {{"Retry-After", "1"}}});
+        return false;
+      }
+    } while (!held.compare_exchange_weak(now, now + need));
+    reserved_ = need;
+    return true;
+  }
+
+  /// Gives the body's share of the budget back (once).
+  void release_body() {
+    if (reserved_ != 0)
+      srv_->counters.buffered_body_bytes -= reserved_;
+    reserved_ = 0;
   }
 
   void send_continue() {
@@ -532,6 +572,7 @@ private:
   /// The answer is out: serve the next request, or close.
   void answer_done(bool ok) {
     answer_complete_ = true;
+    release_body();
     if (exchange_) { // nobody needs to hear of a disconnect now (and the
                      // callbacks may hold what holds the responder)
       std::lock_guard<std::mutex> g(exchange_->mtx);
@@ -563,6 +604,7 @@ private:
     if (closed_)
       return;
     closed_ = true;
+    release_body();
     beast::error_code ignored;
     socket_.shutdown(tcp::socket::shutdown_both, ignored);
     socket_.close(ignored);
@@ -572,6 +614,7 @@ private:
   std::shared_ptr<shared_state> srv_;
   std::string client_;
   clock::time_point idle_since_ = clock::time_point::max();
+  std::size_t reserved_ = 0;      ///< this request's share of the body budget
   std::shared_ptr<session> keep_; ///< set while an answer is pending
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;

@@ -114,6 +114,11 @@ struct http_server_limits {
   /// Open connections from one client address at most (0: no cap). Behind a
   /// load balancer every client has its address: raise it or set 0.
   std::size_t max_connections_per_client = 0;
+  /// Request bodies held at once, in bytes, from their head until their
+  /// answer is out (0: no budget). Each body counts its Content-Length (a
+  /// chunked one max_body_bytes) when its head arrives; one that does not
+  /// fit gets 503 with Retry-After before a byte of it is read.
+  std::size_t max_buffered_body_bytes = 0;
 };
 
 /// What the server counts (read by /metrics).
@@ -124,11 +129,13 @@ struct http_server_counters {
   std::atomic<std::uint64_t> rejected_connections{0}; ///< over max_connections, none idle
   std::atomic<std::uint64_t> rejected_per_client{0};  ///< over max_connections_per_client
   std::atomic<std::uint64_t> evicted{0};              ///< idle connections closed to make room
-  std::atomic<std::uint64_t> bad_requests{0};         ///< malformed: 400
-  std::atomic<std::uint64_t> too_large{0};            ///< body or header over the limit
-  std::atomic<std::uint64_t> unsupported{0}; ///< an expectation or transfer coding: 417, 501
-  std::atomic<std::uint64_t> timeouts{0};    ///< read or idle deadline passed
-  std::atomic<std::uint64_t> disconnects{0}; ///< clients gone before their answer
+  std::atomic<std::uint64_t> over_body_budget{0};  ///< requests refused: bodies held at the budget
+  std::atomic<std::size_t> buffered_body_bytes{0}; ///< held now (see max_buffered_body_bytes)
+  std::atomic<std::uint64_t> bad_requests{0};      ///< malformed: 400
+  std::atomic<std::uint64_t> too_large{0};         ///< body or header over the limit
+  std::atomic<std::uint64_t> unsupported{0};       ///< an expectation or transfer coding: 417, 501
+  std::atomic<std::uint64_t> timeouts{0};          ///< read or idle deadline passed
+  std::atomic<std::uint64_t> disconnects{0};       ///< clients gone before their answer
 };
 
 class http_server {

@@ -370,8 +370,14 @@ void read_gateway(checker& c, const toml::value& doc, gateway_settings& g) {
   c.only_keys(*gw, "[gateway]",
               {"max_body_bytes", "max_header_bytes", "read_timeout_ms", "idle_timeout_ms",
                "request_timeout_ms", "connect_timeout_ms", "max_connections",
-               "max_connections_per_client", "max_attempts", "mark_down_ms", "threads"});
+               "max_connections_per_client", "max_buffered_body_mib", "max_attempts",
+               "mark_down_ms", "threads"});
   c.read_number(*gw, "gateway", "max_body_bytes", 1024, std::int64_t{1} << 30, g.max_body_bytes);
+  c.read_number(*gw, "gateway", "max_buffered_body_mib", 1, 1 << 20, g.max_buffered_body_mib);
+  if (g.max_buffered_body_mib << 20 < g.max_body_bytes)
+    c.problem(*gw, fmt::format("[gateway] max_buffered_body_mib = {} cannot hold one body of "
+                               "max_body_bytes = {}",
+                               g.max_buffered_body_mib, g.max_body_bytes));
   c.read_number(*gw, "gateway", "max_header_bytes", 1024, 1 << 20, g.max_header_bytes);
   c.read_ms(*gw, "gateway", "read_timeout_ms", 100, 3600000, g.read_timeout);
   c.read_ms(*gw, "gateway", "idle_timeout_ms", 100, 3600000, g.idle_timeout);

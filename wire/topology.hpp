@@ -87,7 +87,9 @@ struct router_settings {
 
 /// The gateway's limits and the proxy's patience.
 struct gateway_settings {
-  std::size_t max_body_bytes = 32u << 20;            ///< a request body (413 beyond)
+  std::size_t max_body_bytes = 32u << 20; ///< a request body (413 beyond)
+  /// Request bodies held at once, in MiB (503 with Retry-After beyond).
+  std::size_t max_buffered_body_mib = 1024;
   std::size_t max_header_bytes = 64u << 10;          ///< a request's headers (431 beyond)
   std::chrono::milliseconds read_timeout{30000};     ///< to receive one whole request
   std::chrono::milliseconds idle_timeout{60000};     ///< a keep-alive connection's silence

@@ -4,6 +4,7 @@
 // vLLM's HTTP API and publishes vLLM's KV event stream (apps/llmgw-sim/
 // sim_engine.hpp). SIGTERM or SIGINT stop it.
 //   llmgw-sim [serve] MODEL --port 8001 --kv-events-config '{...}' ...
+#include "apps/common/memory.hpp"
 #include "apps/common/stop_signals.hpp"
 #include "apps/llmgw-sim/sim_engine.hpp"
 #include "wire/log.hpp"
@@ -117,6 +118,7 @@ int run(int argc, char** argv) {
 } // namespace
 
 int main(int argc, char** argv) {
+  llmgw::apps::return_large_blocks_when_freed();
   try {
     return run(argc, argv);
   } catch (const std::exception& e) {

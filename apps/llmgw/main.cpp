@@ -1,4 +1,5 @@
 // llmgw: one binary, one subcommand per role or tool.
+#include "apps/common/memory.hpp"
 #include "apps/llmgw/commands.hpp"
 
 #include <CLI/CLI.hpp>
@@ -7,6 +8,7 @@
 #include <exception>
 
 int main(int argc, char** argv) {
+  llmgw::apps::return_large_blocks_when_freed();
   try {
     CLI::App app{"llmgw: a KV-cache-aware gateway for fleets of vLLM engines"};
     app.require_subcommand(1);

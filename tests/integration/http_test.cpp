@@ -890,3 +890,36 @@ TEST(http_server, one_address_cannot_take_every_connection) {
     raw_exchange(server.port(), "GET /ok HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   EXPECT_EQ(fourth.rfind("HTTP/1.1 200", 0), 0u) << fourth;
 }
+
+TEST(http_server, bodies_held_at_once_are_bounded_and_returned) {
+  http_server_limits limits;
+  limits.max_body_bytes = 64 << 10;
+  limits.max_buffered_body_bytes = 100 << 10;
+  http_server server("127.0.0.1", 0, 1, limits, echo_handler());
+  auto head = [](std::size_t length, const char* extra = "") {
+    return "POST /b HTTP/1.1\r\nHost: x\r\n" + std::string(extra)
+           + "Content-Length: " + std::to_string(length) + "\r\n\r\n";
+  };
+  auto a = std::make_unique<raw_client>(server.port());
+  a->send(head(60000) + std::string(30000, 'a')); // half a body, held
+  for (int i = 0; i < 500 && server.counters().buffered_body_bytes.load() == 0; ++i)
+    std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(server.counters().buffered_body_bytes.load(), 60000u);
+  auto over = raw_exchange(server.port(), head(60000) + std::string(60000, 'b'));
+  EXPECT_EQ(over.rfind("HTTP/1.1 503", 0), 0u) << over;
+  EXPECT_NE(over.find("Retry-After: 1\r\n"), std::string::npos) << over;
+  // A client that waits for 100 Continue is told at once, before it sends.
+  raw_client waiting(server.port());
+  waiting.send(head(60000, "Expect: 100-continue\r\n"));
+  auto told = waiting.read_until("\r\n\r\n");
+  EXPECT_EQ(told.rfind("HTTP/1.1 503", 0), 0u) << told;
+  EXPECT_EQ(server.counters().over_body_budget.load(), 2u);
+  auto small = post(server.port(), "/", std::string(30000, 's'));
+  EXPECT_EQ(small.status, 200) << "what fits beside it is served";
+  a.reset(); // the half-sent body's client goes
+  for (int i = 0; i < 500 && server.counters().buffered_body_bytes.load() != 0; ++i)
+    std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(server.counters().buffered_body_bytes.load(), 0u) << "its share is given back";
+  EXPECT_EQ(post(server.port(), "/", std::string(60000, 'c')).status, 200);
+  EXPECT_EQ(server.counters().buffered_body_bytes.load(), 0u);
+}
