@@ -10,6 +10,7 @@
 #include "wire/block_hash.hpp"
 #include "wire/locked_router.hpp"
 #include "wire/log.hpp"
+#include "wire/node_port_guard.hpp"
 #include "wire/router_report.hpp"
 #include "wire/token_cache.hpp"
 
@@ -303,6 +304,16 @@ bool gateway::handle_admin(const std::string& path, const http_request& req,
     append_http_counters(m, server_->counters(), {{"listener", "gateway"}});
     if (admin_)
       append_http_counters(m, admin_->counters(), {{"listener", "admin"}});
+    const auto& port = wire::node_port_counters();
+    for (auto [why, n] : {std::pair{"too_many_handshakes", port.handshakes_refused.load()},
+                          {"handshake_timeout", port.handshakes_timed_out.load()},
+                          {"payload_too_large", port.payloads_refused.load()}})
+      m.counter("llmgw_node_port_refused_total",
+                "Connections to the node (CAF) port closed below CAF, by reason.",
+                static_cast<double>(n), {{"reason", why}});
+    m.gauge("llmgw_node_port_pending_handshakes",
+            "Connections to the node port in their TLS handshake now.",
+            static_cast<double>(port.pending_handshakes.load()));
     auto cache = peers_.token_cache->stats();
     m.counter("llmgw_tokenize_cache_hits_total",
               "Text prompts whose tokens the gateway found in the tokenizer's cache.",

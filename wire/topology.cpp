@@ -284,7 +284,8 @@ void read_cluster(checker& c, const toml::value& doc, topology& out) {
   }
   c.only_keys(*cl, "[cluster]",
               {"name", "hash_seed", "block_size", "flush_interval_ms", "heartbeat_ms",
-               "connection_timeout_ms", "check_agent_address"});
+               "connection_timeout_ms", "check_agent_address", "tls_handshake_timeout_ms",
+               "max_pending_handshakes"});
   c.read(*cl, "[cluster]", "name", out.name, true);
   auto* seed = c.find(*cl, "hash_seed");
   if (seed && seed->is_integer())
@@ -302,6 +303,8 @@ void read_cluster(checker& c, const toml::value& doc, topology& out) {
   c.read_ms(*cl, "cluster", "heartbeat_ms", 100, 60000, out.heartbeat);
   c.read_ms(*cl, "cluster", "connection_timeout_ms", 200, 600000, out.connection_timeout);
   c.read(*cl, "[cluster]", "check_agent_address", out.check_agent_address);
+  c.read_ms(*cl, "cluster", "tls_handshake_timeout_ms", 100, 600000, out.tls_handshake_timeout);
+  c.read_number(*cl, "cluster", "max_pending_handshakes", 1, 100000, out.max_pending_handshakes);
   if (out.connection_timeout <= 2 * out.heartbeat)
     c.problem(*cl, fmt::format("cluster.connection_timeout_ms ({}) must exceed twice heartbeat_ms "
                                "({}), or healthy peers are dropped",

@@ -2,7 +2,8 @@
 //
 //   [cluster]   name, hash_seed (the engines' PYTHONHASHSEED), block_size,
 //               flush_interval_ms, heartbeat_ms, connection_timeout_ms,
-//               check_agent_address
+//               check_agent_address, tls_handshake_timeout_ms,
+//               max_pending_handshakes
 //   [tls]       ca (PEM), or plaintext = true (loopback tests only)
 //   [router]    scoring and tier-1 knobs (router_settings below)
 //   [gateway]   HTTP limits and the proxy's timeouts (gateway_settings below)
@@ -118,6 +119,10 @@ struct topology {
   /// Control nodes accept an agent's session only from an address of the
   /// agent's host (off for NAT or overlay networks that rewrite addresses).
   bool check_agent_address = true;
+  /// A connection to a node's port must finish its TLS handshake this soon.
+  std::chrono::milliseconds tls_handshake_timeout{10000};
+  /// Connections to a node's port that may be in their TLS handshake at once.
+  std::size_t max_pending_handshakes = 64;
   std::string ca;         ///< the CA every node certificate is checked against
   bool plaintext = false; ///< no TLS at all (refused unless every host is loopback)
   router_settings router;

@@ -19,6 +19,7 @@
 #include "apps/llmgw/commands.hpp"
 #include "messages/registration.hpp"
 #include "wire/log.hpp"
+#include "wire/node_port_guard.hpp"
 #include "wire/topology.hpp"
 
 #include <CLI/CLI.hpp>
@@ -128,6 +129,11 @@ int run_node(const wire::topology& topo_in, const std::string& name, std::size_t
     }
     identity = std::move(*loaded);
   }
+  // Read by llmgw's TLS hooks below CAF (actors/tls_hooks.cpp) from the
+  // first connection on.
+  auto& port_limits = wire::node_port_settings();
+  port_limits.handshake_timeout = topo->tls_handshake_timeout;
+  port_limits.max_pending_handshakes = topo->max_pending_handshakes;
   node_config cfg(*topo, *node, threads);
   // Removes the engines' socket folder after the actor system (declared
   // after this) has waited for every actor.

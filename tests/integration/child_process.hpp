@@ -37,6 +37,9 @@ public:
   /// Sends a signal.
   void signal(int sig);
 
+  /// The child's process id.
+  pid_t pid() const noexcept { return pid_; }
+
   /// Waits for exit; the exit code, 128+signal, or nullopt on timeout.
   std::optional<int> wait(std::chrono::milliseconds timeout);
 

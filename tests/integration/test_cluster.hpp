@@ -53,6 +53,12 @@ public:
   explicit test_cluster(std::vector<test_node_spec> nodes, std::string extra_cluster = {});
   ~test_cluster();
 
+  /// The process id of running node `name` (-1 if not running).
+  pid_t pid(const std::string& name) const {
+    auto it = running_.find(name);
+    return it == running_.end() || !it->second ? -1 : it->second->pid();
+  }
+
   /// The CAF port of control node `name`.
   std::uint16_t caf_port(const std::string& name) const { return caf_ports_.at(name); }
 

@@ -2,6 +2,7 @@
 // certificate checks, fingerprints, and MACs.
 #include "tests/unit/credentials.hpp"
 #include "wire/node_identity.hpp"
+#include "wire/node_port_guard.hpp"
 
 #include <gtest/gtest.h>
 
@@ -121,4 +122,51 @@ TEST(node_identity, macs_depend_on_key_and_data) {
   EXPECT_FALSE(same_mac(m, session_mac(key, "updatf")));
   EXPECT_FALSE(same_mac(m, session_mac(std::string(32, 'K'), "update")));
   EXPECT_FALSE(same_mac(m, m.substr(1)));
+}
+
+namespace {
+
+/// A BASP header as CAF 0.17.6 writes it, announcing `payload` bytes.
+std::string basp_header(std::uint32_t payload) {
+  std::string h(32, '\0');
+  h[0] = 1; // an operation
+  for (int i = 0; i < 4; ++i)
+    h[4 + static_cast<std::size_t>(i)] = static_cast<char>((payload >> (24 - 8 * i)) & 0xff);
+  return h;
+}
+
+bool feed(wire::basp_frame_guard& g, const std::string& bytes, std::size_t piece) {
+  for (std::size_t at = 0; at < bytes.size(); at += piece) {
+    auto n = std::min(piece, bytes.size() - at);
+    if (!g.feed(reinterpret_cast<const unsigned char*>(bytes.data() + at), n))
+      return false;
+  }
+  return true;
+}
+
+} // namespace
+
+TEST(basp_frame_guard, follows_the_framing_in_pieces_of_any_size) {
+  std::string stream = basp_header(100) + std::string(100, 'p') + basp_header(0) + basp_header(5000)
+                       + std::string(5000, 'q') + basp_header(3);
+  for (std::size_t piece : {1u, 7u, 32u, 33u, 4096u, 100000u}) {
+    wire::basp_frame_guard g(200, 10000);
+    EXPECT_TRUE(feed(g, stream, piece)) << "piece " << piece;
+    EXPECT_EQ(g.refused_length(), 0u);
+  }
+}
+
+TEST(basp_frame_guard, a_header_announcing_too_much_is_refused) {
+  wire::basp_frame_guard first(200, 1u << 30);
+  EXPECT_FALSE(feed(first, basp_header(201), 5)) << "the first message has a tighter limit";
+  EXPECT_EQ(first.refused_length(), 201u);
+  wire::basp_frame_guard later(200, 10000);
+  auto stream = basp_header(10) + std::string(10, 'x') + basp_header(1u << 30);
+  EXPECT_FALSE(feed(later, stream, 3));
+  EXPECT_EQ(later.refused_length(), 1u << 30);
+  EXPECT_FALSE(feed(later, basp_header(1), 32)) << "refused ever after";
+  // The payload bytes of an allowed message are never read as a header.
+  wire::basp_frame_guard payload(200, 100);
+  EXPECT_TRUE(feed(
+    payload, basp_header(64) + basp_header(1u << 30).substr(0, 32) + std::string(32, '\0'), 9));
 }

@@ -1,4 +1,4 @@
-// The TLS error-queue fix (actors/tls_error_queue.cpp): an error left on this
+// The TLS error-queue fix (actors/tls_hooks.cpp): an error left on this
 // thread's OpenSSL queue by another connection must not make a healthy
 // connection's read fail, and libraries (CAF) must reach our SSL_read.
 #include <dlfcn.h>
@@ -6,7 +6,7 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
-TEST(tls_error_queue, ssl_calls_resolve_to_the_fix) {
+TEST(tls_hooks, ssl_calls_resolve_to_the_fix) {
   for (const char* name : {"SSL_read", "SSL_write", "SSL_connect", "SSL_accept"}) {
     Dl_info info{};
     ASSERT_NE(dladdr(dlsym(RTLD_DEFAULT, name), &info), 0) << name;
@@ -15,7 +15,7 @@ TEST(tls_error_queue, ssl_calls_resolve_to_the_fix) {
   }
 }
 
-TEST(tls_error_queue, a_stale_error_does_not_fail_a_healthy_read) {
+TEST(tls_hooks, a_stale_error_does_not_fail_a_healthy_read) {
   SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
   SSL* ssl = SSL_new(ctx);
   BIO* ours = nullptr;

@@ -1,0 +1,137 @@
+// A control node's CAF port against what CAF 0.17.6 leaves unbounded:
+// connections that never finish TLS, too many handshakes at once, and a
+// peer with a valid certificate whose BASP header announces 1 GiB. Real
+// `llmgw node` processes; the limits are enforced by actors/tls_hooks.cpp.
+#include "tests/integration/test_cluster.hpp"
+#include "wire/pki.hpp"
+
+#include <gtest/gtest.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+
+#include <arpa/inet.h>
+#include <fstream>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <thread>
+#include <unistd.h>
+
+using namespace std::chrono_literals;
+using llmgw::test::test_cluster;
+
+namespace {
+
+int connect_to(std::uint16_t port, std::chrono::seconds read_timeout = 10s) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  timeval tv{static_cast<long>(read_timeout.count()), 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+/// True if the peer closed the connection before the read timeout.
+bool closed_by_peer(int fd) {
+  char buf[256];
+  for (;;) {
+    auto n = ::recv(fd, buf, sizeof buf, 0);
+    if (n == 0 || (n < 0 && errno == ECONNRESET))
+      return true;
+    if (n < 0)
+      return false; // timed out
+  }
+}
+
+double rss_mib(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmRSS:", 0) == 0)
+      return std::stod(line.substr(6)) / 1024.0;
+  return -1;
+}
+
+std::vector<llmgw::test::test_node_spec> one_control() {
+  return {{"control-1", true, false, "127.0.0.1", {}}};
+}
+
+} // namespace
+
+TEST(node_port, a_connection_that_never_starts_tls_is_closed_after_the_handshake_timeout) {
+  test_cluster c(one_control(), "tls_handshake_timeout_ms = 300");
+  c.start("control-1");
+  ASSERT_TRUE(c.wait_ready("control-1", 10s)) << c.log_of("control-1");
+  auto start = std::chrono::steady_clock::now();
+  int fd = connect_to(c.caf_port("control-1"));
+  EXPECT_TRUE(closed_by_peer(fd)) << "kept open past the handshake timeout";
+  ::close(fd);
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(took, 250ms);
+  EXPECT_LT(took, 5s);
+  EXPECT_EQ(c.metric("control-1", "llmgw_node_port_refused_total{reason=\"handshake_timeout\"}"),
+            1);
+  EXPECT_EQ(c.metric("control-1", "llmgw_node_port_pending_handshakes"), 0);
+}
+
+TEST(node_port, handshakes_in_progress_are_capped) {
+  test_cluster c(one_control(), "max_pending_handshakes = 4\ntls_handshake_timeout_ms = 60000");
+  c.start("control-1");
+  ASSERT_TRUE(c.wait_ready("control-1", 10s)) << c.log_of("control-1");
+  std::vector<int> idle;
+  for (int i = 0; i < 4; ++i)
+    idle.push_back(connect_to(c.caf_port("control-1")));
+  ASSERT_TRUE(test_cluster::eventually(
+    [&] { return c.metric("control-1", "llmgw_node_port_pending_handshakes") == 4; }, 10s));
+  int fifth = connect_to(c.caf_port("control-1"));
+  EXPECT_TRUE(closed_by_peer(fifth)) << "over the cap: closed at once";
+  ::close(fifth);
+  EXPECT_EQ(c.metric("control-1", "llmgw_node_port_refused_total{reason=\"too_many_handshakes\"}"),
+            1);
+  EXPECT_EQ(c.metric("control-1", "llmgw_node_port_pending_handshakes"), 4)
+    << "the four in progress are still there";
+  for (int fd : idle)
+    ::close(fd);
+  EXPECT_TRUE(test_cluster::eventually(
+    [&] { return c.metric("control-1", "llmgw_node_port_pending_handshakes") == 0; }, 10s))
+    << "gone with their connections";
+}
+
+TEST(node_port, a_header_announcing_a_huge_payload_drops_the_peer_before_it_allocates) {
+  test_cluster c(one_control());
+  c.start("control-1");
+  ASSERT_TRUE(c.wait_ready("control-1", 10s)) << c.log_of("control-1");
+  auto before = rss_mib(c.pid("control-1"));
+  ASSERT_GT(before, 0);
+  // A peer with a valid certificate of the cluster (TLS lets it in).
+  auto files = llmgw::wire::credentials_in(c.dir(), "control-1");
+  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+  ASSERT_EQ(SSL_CTX_use_certificate_file(ctx, files.cert.c_str(), SSL_FILETYPE_PEM), 1);
+  ASSERT_EQ(SSL_CTX_use_PrivateKey_file(ctx, files.key.c_str(), SSL_FILETYPE_PEM), 1);
+  ASSERT_EQ(SSL_CTX_load_verify_locations(ctx, (c.dir() + "/ca.pem").c_str(), nullptr), 1);
+  int fd = connect_to(c.caf_port("control-1"));
+  SSL* ssl = SSL_new(ctx);
+  SSL_set_fd(ssl, fd);
+  ASSERT_EQ(SSL_connect(ssl), 1) << ERR_error_string(ERR_get_error(), nullptr);
+  unsigned char header[32] = {};
+  header[0] = 1;    // a client handshake (valid: no actors named), as a peer sends first
+  header[4] = 0x40; // payload_len 0x40000000: 1 GiB
+  ASSERT_EQ(SSL_write(ssl, header, sizeof header), 32);
+  // CAF's server handshake may come first; then the connection ends.
+  char buf[4096];
+  int n;
+  while ((n = SSL_read(ssl, buf, sizeof buf)) > 0) {
+  }
+  EXPECT_LE(n, 0) << "the node dropped the peer";
+  SSL_free(ssl);
+  ::close(fd);
+  SSL_CTX_free(ctx);
+  EXPECT_EQ(c.metric("control-1", "llmgw_node_port_refused_total{reason=\"payload_too_large\"}"),
+            1);
+  auto after = rss_mib(c.pid("control-1"));
+  std::fprintf(stderr, "control-1 resident: %.0f MiB before, %.0f MiB after\n", before, after);
+  EXPECT_LT(after, before + 256) << "CAF did not size a buffer from the header";
+  EXPECT_TRUE(c.wait_ready("control-1", 5s)) << "and serves on";
+}

@@ -1,0 +1,78 @@
+// What llmgw bounds on its CAF node port, below CAF. CAF 0.17.6 keeps a TCP
+// connection that never starts or finishes TLS forever (no handshake
+// timeout, no cap), and sizes its read buffer from whatever payload length
+// a BASP header announces (one 32-byte header made a node allocate 1 GiB,
+// zero-filled, until the connection closed). CAF offers no option for
+// either; llmgw's TLS hooks (actors/tls_hooks.cpp, which sit between CAF and
+// libssl) enforce these limits, and count what they refuse here.
+//
+// The BASP framing as CAF 0.17.6 writes it (libcaf_io basp/header.hpp, its
+// binary serializer: integers big-endian): a 32-byte header
+//   byte 0 operation, 1-2 padding, 3 flags, 4-7 payload_len,
+//   8-15 operation_data, 16-23 source actor, 24-31 destination actor
+// followed by payload_len bytes of payload, then the next header.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+
+namespace llmgw::wire {
+
+/// The limits; set before the actor system starts.
+struct node_port_limits {
+  /// TLS handshakes in progress on accepted connections at once; more are
+  /// closed at once.
+  std::size_t max_pending_handshakes = 64;
+  /// An accepted connection that has not finished its TLS handshake by then
+  /// is closed.
+  std::chrono::milliseconds handshake_timeout{10000};
+  /// The payload a peer's first BASP message (its handshake) may announce.
+  std::uint32_t max_first_payload = 1u << 20;
+  /// The payload any later message may announce: above llmgw's largest
+  /// message (a replica's full copy).
+  std::uint32_t max_payload = 64u << 20;
+};
+
+/// What the hooks refused, for /metrics.
+struct node_port_counts {
+  std::atomic<std::uint64_t> handshakes_refused{0};   ///< over max_pending_handshakes
+  std::atomic<std::uint64_t> handshakes_timed_out{0}; ///< past handshake_timeout
+  std::atomic<std::uint64_t> payloads_refused{0};     ///< a header over the payload limit
+  std::atomic<std::uint64_t> pending_handshakes{0};   ///< in progress now
+};
+
+/// The process's limits (one node per process).
+node_port_limits& node_port_settings();
+
+/// The process's counts.
+node_port_counts& node_port_counters();
+
+/// Follows one peer's BASP byte stream, as TLS hands it over in pieces of
+/// any size, and refuses it once a header announces more payload than
+/// allowed. Pure: no sockets.
+class basp_frame_guard {
+public:
+  basp_frame_guard(std::uint32_t max_first_payload, std::uint32_t max_payload)
+    : max_first_(max_first_payload), max_(max_payload) {}
+
+  /// Takes `n` more bytes; false once a header announced too much (and ever
+  /// after).
+  bool feed(const unsigned char* data, std::size_t n);
+
+  /// The payload length of the header that was refused (0 if none).
+  std::uint32_t refused_length() const noexcept { return refused_; }
+
+private:
+  std::uint32_t max_first_;
+  std::uint32_t max_;
+  unsigned char header_[32] = {};
+  std::size_t have_ = 0;       ///< header bytes gathered
+  std::uint64_t payload_ = 0;  ///< payload bytes still to come
+  std::uint64_t messages_ = 0; ///< headers seen
+  std::uint32_t refused_ = 0;
+  bool failed_ = false;
+};
+
+} // namespace llmgw::wire
