@@ -6,11 +6,17 @@
 #include <toml.hpp>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <set>
 #include <sstream>
+#include <string_view>
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace llmgw::wire {
 
@@ -263,6 +269,63 @@ bool split_host_port(const std::string& s, std::string& host, std::uint16_t& por
     host = host.substr(1, host.size() - 2);
   port = static_cast<std::uint16_t>(p);
   return true;
+}
+
+/// What toml11 cannot parse safely or in time, with where it first is:
+/// arrays and inline tables nested deeper than max_topology_nesting (its
+/// parser recurses once per level: 100k levels overflowed its stack), and a
+/// line with more than max_topology_dots dots outside strings (dotted keys:
+/// its time grows with their square, 200k parts took minutes). Brackets and
+/// dots in strings and comments do not count.
+std::optional<config_problem> too_complex(std::string_view text, const std::string& path) {
+  std::size_t depth = 0, dots = 0;
+  std::uint32_t line = 1, column = 0;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    char ch = text[i];
+    ++column;
+    if (ch == '\n') {
+      ++line;
+      column = 0;
+      dots = 0;
+    } else if (ch == '.') {
+      if (++dots > max_topology_dots)
+        return config_problem{path, line, column,
+                              fmt::format("more than {} dots outside strings on one line "
+                                          "(dotted keys that long are not a topology)",
+                                          max_topology_dots)};
+    } else if (ch == '#') { // a comment, to the end of the line
+      while (i + 1 < text.size() && text[i + 1] != '\n')
+        ++i;
+    } else if (ch == '"' || ch == '\'') {
+      bool multi = text.compare(i, 3, std::string(3, ch)) == 0;
+      bool basic = ch == '"';
+      i += multi ? 3 : 1;
+      for (; i < text.size(); ++i) { // to the closing quote(s)
+        if (text[i] == '\n') {
+          ++line;
+          column = 0;
+          if (!multi)
+            break; // an unterminated string: toml11 reports it
+        }
+        if (basic && text[i] == '\\') {
+          ++i;
+          continue;
+        }
+        if (text[i] == ch && (!multi || text.compare(i, 3, std::string(3, ch)) == 0)) {
+          i += multi ? 2 : 0;
+          break;
+        }
+      }
+    } else if (ch == '[' || ch == '{') {
+      if (++depth > max_topology_nesting)
+        return config_problem{
+          path, line, column,
+          fmt::format("arrays and inline tables nest deeper than {} here", max_topology_nesting)};
+    } else if ((ch == ']' || ch == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return std::nullopt;
 }
 
 /// PYTHONHASHSEED as vLLM accepts it for reproducible hashes: 0..4294967295.
@@ -630,6 +693,10 @@ topology_result parse_topology(const std::string& text, const std::string& path,
   topology_result out;
   auto slash = path.rfind('/');
   checker c(path, slash == std::string::npos ? std::string{} : path.substr(0, slash));
+  if (auto problem = too_complex(text, path)) {
+    out.problems.push_back(std::move(*problem));
+    return out;
+  }
   toml::value doc;
   try {
     std::istringstream in(text);
@@ -681,15 +748,42 @@ topology_result parse_topology(const std::string& text, const std::string& path,
 }
 
 topology_result load_topology(const std::string& path, const topology_options& opts) {
-  std::ifstream in(path);
-  if (!in) {
-    topology_result out;
-    out.problems.push_back({path, 0, 0, "cannot read the file"});
+  topology_result out;
+  auto fail = [&](std::string why) {
+    out.problems.push_back({path, 0, 0, std::move(why)});
     return out;
+  };
+  // A device, a FIFO or /proc file (a symlink may point anywhere) could be
+  // read forever: only a regular file, and no more of it than the cap.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0)
+    return fail(fmt::format("cannot read the file: {}", std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return fail("not a regular file");
   }
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  return parse_topology(buf.str(), path, opts);
+  if (static_cast<std::size_t>(st.st_size) > max_topology_bytes) {
+    ::close(fd);
+    return fail(
+      fmt::format("{} bytes: a topology may have {} at most", st.st_size, max_topology_bytes));
+  }
+  std::string text;
+  char buf[65536];
+  for (;;) {
+    auto n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      break;
+    text.append(buf, static_cast<std::size_t>(n));
+    if (text.size() > max_topology_bytes) // it grew while read
+      break;
+  }
+  ::close(fd);
+  if (text.size() > max_topology_bytes)
+    return fail(fmt::format("more than {} bytes: a topology may have no more", max_topology_bytes));
+  return parse_topology(text, path, opts);
 }
 
 } // namespace llmgw::wire

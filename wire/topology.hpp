@@ -168,6 +168,16 @@ struct topology_options {
 /// Reads and checks a topology file.
 topology_result load_topology(const std::string& path, const topology_options& opts = {});
 
+/// A topology file's size at most: thousands of nodes fit; reading more
+/// only costs time.
+constexpr std::size_t max_topology_bytes = 4u << 20;
+
+/// How deep arrays and inline tables may nest in a topology (they need 3).
+constexpr std::size_t max_topology_nesting = 32;
+
+/// Dots outside strings on one line of a topology (a key needs none).
+constexpr std::size_t max_topology_dots = 64;
+
 /// The same from text (for tests); `path` names it in messages and is where
 /// relative file names are resolved from.
 topology_result parse_topology(const std::string& text, const std::string& path,

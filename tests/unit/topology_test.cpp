@@ -387,5 +387,53 @@ events_port = 5560
 TEST(topology, an_unreadable_file) {
   auto r = load_topology("/nonexistent/cluster.toml");
   ASSERT_EQ(r.problems.size(), 1u);
-  EXPECT_EQ(r.problems[0].to_string(), "/nonexistent/cluster.toml: cannot read the file");
+  EXPECT_EQ(r.problems[0].to_string(),
+            "/nonexistent/cluster.toml: cannot read the file: No such file or directory");
+}
+
+TEST(topology, hostile_files_are_refused_without_reading_them_whole) {
+  // Nesting that overflowed toml11's stack: refused before parsing.
+  auto deep = problems_of("a = " + std::string(100000, '[') + std::string(100000, ']') + "\n");
+  EXPECT_TRUE(has_problem(deep, 1, "nest deeper than 32")) << "no crash, a problem";
+  auto tables = problems_of("b = " + std::string(50000, '{') + "\n");
+  EXPECT_TRUE(has_problem(tables, 1, "nest deeper than 32"));
+  // Brackets in strings and comments are not nesting.
+  auto text = valid_text() + "# [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\n";
+  text = replace(text, "model = \"llama\"", "model = \"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\"");
+  EXPECT_TRUE(parse(text).value) << "brackets in a string or comment do not nest";
+  char tmpl[] = "/tmp/llmgw-hostile-XXXXXX";
+  std::string dir = ::mkdtemp(tmpl);
+  ASSERT_EQ(::symlink("/dev/zero", (dir + "/zero.toml").c_str()), 0);
+  auto zero = load_topology(dir + "/zero.toml");
+  ASSERT_EQ(zero.problems.size(), 1u);
+  EXPECT_EQ(zero.problems[0].message, "not a regular file");
+  auto folder = load_topology(dir);
+  ASSERT_EQ(folder.problems.size(), 1u);
+  EXPECT_EQ(folder.problems[0].message, "not a regular file");
+  {
+    std::ofstream big(dir + "/big.toml");
+    big << std::string(max_topology_bytes + 1, '#');
+  }
+  auto huge = load_topology(dir + "/big.toml");
+  ASSERT_EQ(huge.problems.size(), 1u);
+  EXPECT_NE(huge.problems[0].message.find("a topology may have 4194304 at most"), std::string::npos)
+    << huge.problems[0].message;
+  auto missing = load_topology(dir + "/nope.toml");
+  ASSERT_EQ(missing.problems.size(), 1u);
+  EXPECT_EQ(missing.problems[0].message, "cannot read the file: No such file or directory");
+  std::system(("rm -rf " + dir).c_str());
+}
+
+TEST(topology, dotted_keys_too_long_to_parse_in_time_are_refused) {
+  // toml11 took minutes on this; refused before it parses.
+  std::string dotted;
+  for (int i = 0; i < 200000; ++i)
+    dotted += "a.";
+  auto key = problems_of(dotted + "b = 1\n");
+  EXPECT_TRUE(has_problem(key, 1, "more than 64 dots outside strings on one line"));
+  auto header = problems_of("[" + dotted + "b]\n");
+  EXPECT_TRUE(has_problem(header, 1, "more than 64 dots"));
+  auto text = replace(valid_text(), "model = \"llama\"",
+                      "model = \"" + std::string(100, '.') + "\" # " + std::string(100, '.'));
+  EXPECT_TRUE(parse(text).value) << "dots in strings and comments are fine";
 }
