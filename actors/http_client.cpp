@@ -273,6 +273,7 @@ private:
   void read_head() {
     parser_.emplace();
     parser_->body_limit(boost::none); // streamed through, not held
+    parser_->header_limit(64u << 10); // an engine's head; Beast's default is 8 KiB
     auto self = shared_from_this();
     http::async_read_header(stream_->socket, stream_->buffer, *parser_,
                             [self](beast::error_code ec, std::size_t) {

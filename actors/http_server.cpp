@@ -24,7 +24,9 @@
 #include <deque>
 #include <mutex>
 #include <optional>
+#include <poll.h>
 #include <stdexcept>
+#include <sys/socket.h>
 #include <thread>
 #include <unordered_map>
 
@@ -226,7 +228,11 @@ public:
 
   /// The loop's deadline check: closes the connection if its deadline passed.
   void check_deadline(clock::time_point now) {
-    if (closed_ || now < deadline_)
+    if (closed_)
+      return;
+    if (half_closed_ && !answer_complete_ && fully_closed())
+      return lost_client();
+    if (now < deadline_)
       return;
     ++srv_->counters.timeouts;
     close(); // the pending operation ends with operation_aborted
@@ -235,6 +241,7 @@ public:
   // -- called on the session's loop by responders and streams --------------
 
   void write_whole(http_reply r) {
+    answer_started_ = true;
     head_.clear();
     append_head(head_, r.status, r.content_type, r.headers);
     // 1xx, 204 and 304 answers have no body, nor a length for one.
@@ -258,6 +265,7 @@ public:
 
   void begin_stream(int status, const std::string& content_type,
                     const std::vector<std::pair<std::string, std::string>>& headers) {
+    answer_started_ = true;
     std::string head;
     append_head(head, status, content_type, headers);
     if (std::none_of(headers.begin(), headers.end(),
@@ -324,6 +332,7 @@ private:
 
   void read() {
     exchange_.reset();
+    answer_started_ = false;
     parser_.emplace();
     parser_->body_limit(srv_->limits.max_body_bytes);
     parser_->header_limit(static_cast<std::uint32_t>(srv_->limits.max_header_bytes));
@@ -524,7 +533,42 @@ private:
         return close(); // the client closed between requests
       return on_error(ec);
     }
+    if (ec == asio::error::eof && !http10_ && !half_closed_ && probe_half_close())
+      return; // it may have closed only its side: it still gets its answer
     lost_client();
+  }
+
+  /// The client ended its side while its answer is pending: it may have
+  /// closed only that side (a half-close; it still reads), or all of it.
+  /// Only a write tells: an interim 100 Continue, which an HTTP/1.1 client
+  /// must accept at any time before the answer, draws a reset from a closed
+  /// socket, which the deadline sweep notices (fully_closed). Once the
+  /// answer has started, its own writes tell. False if the probe could not
+  /// be written.
+  bool probe_half_close() {
+    half_closed_ = true;
+    keep_alive_ = false; // no further request can come
+    if (answer_started_)
+      return true;
+    static constexpr char interim[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    auto n =
+      ::send(socket_.native_handle(), interim, sizeof interim - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n != static_cast<ssize_t>(sizeof interim - 1))
+      return false;
+    // A reset raises an error condition on the socket: noticed at once (the
+    // sweep is the fallback).
+    auto self = shared_from_this();
+    socket_.async_wait(tcp::socket::wait_error, [self](beast::error_code ec) {
+      if (!ec && !self->closed_ && !self->answer_complete_ && self->fully_closed())
+        self->lost_client();
+    });
+    return true;
+  }
+
+  /// True once the client's socket is gone (a reset came back).
+  bool fully_closed() {
+    pollfd p{socket_.native_handle(), 0, 0};
+    return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLERR | POLLHUP)) != 0;
   }
 
   void pump() {
@@ -624,7 +668,9 @@ private:
   std::string body_;       ///< and its body
   std::string chunk_size_; ///< the chunk being written's size line
   bool keep_alive_ = true;
-  bool http10_ = false; ///< the request was HTTP/1.0: no 1xx, no chunked answers
+  bool http10_ = false;         ///< the request was HTTP/1.0: no 1xx, no chunked answers
+  bool half_closed_ = false;    ///< the client ended its side; its answer still goes out
+  bool answer_started_ = false; ///< a whole answer or a stream's head was written
   bool watching_ = false;
   bool answer_complete_ = true;
   bool closed_ = false;

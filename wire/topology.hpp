@@ -91,7 +91,10 @@ struct gateway_settings {
   std::size_t max_body_bytes = 32u << 20; ///< a request body (413 beyond)
   /// Request bodies held at once, in MiB (503 with Retry-After beyond).
   std::size_t max_buffered_body_mib = 1024;
-  std::size_t max_header_bytes = 64u << 10;          ///< a request's headers (431 beyond)
+  /// A request's head (431 beyond). What the gateway accepts it forwards, with
+  /// at most a few hundred bytes of its own: 15 KiB keeps the forwarded head
+  /// within the 16 KiB uvicorn's h11 parser takes (vLLM answers 400 beyond).
+  std::size_t max_header_bytes = 15u << 10;
   std::chrono::milliseconds read_timeout{30000};     ///< to receive one whole request
   std::chrono::milliseconds idle_timeout{60000};     ///< a keep-alive connection's silence
   std::chrono::milliseconds request_timeout{600000}; ///< a whole proxied request

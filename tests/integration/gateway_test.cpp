@@ -372,6 +372,16 @@ TEST_F(gateway_test, finished_requests_leave_no_load_behind) {
   EXPECT_EQ(e1.requests(), 3u);
 }
 
+TEST_F(gateway_test, what_the_gateway_accepts_an_engine_takes_too) {
+  // The stand-in engines' server takes a 16 KiB head, as uvicorn's h11 does.
+  auto fits = post("/v1/completions", body_ids, {{"X-Pad", std::string(15u * 1024 - 600, 'h')}});
+  EXPECT_EQ(fits.status, 200) << fits.body;
+  EXPECT_EQ(e0.requests() + e1.requests(), 1u);
+  auto over = post("/v1/completions", body_ids, {{"X-Pad", std::string(15u * 1024, 'h')}});
+  EXPECT_EQ(over.status, 431) << "refused by the gateway, not by the engine behind it";
+  EXPECT_EQ(e0.requests() + e1.requests(), 1u);
+}
+
 namespace {
 
 /// The gateway in front of engines that send interim answers (100, 103)

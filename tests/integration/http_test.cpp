@@ -380,6 +380,8 @@ public:
     }
     return got_;
   }
+  /// Ends this side: the request is all there is.
+  void shut_write() { ::shutdown(fd_, SHUT_WR); }
   /// True once the server closed the connection (EOF), false if it is
   /// still open after `timeout`.
   bool closed_by_server(std::chrono::milliseconds timeout = 5000ms) {
@@ -922,4 +924,33 @@ TEST(http_server, bodies_held_at_once_are_bounded_and_returned) {
   EXPECT_EQ(server.counters().buffered_body_bytes.load(), 0u) << "its share is given back";
   EXPECT_EQ(post(server.port(), "/", std::string(60000, 'c')).status, 200);
   EXPECT_EQ(server.counters().buffered_body_bytes.load(), 0u);
+}
+
+TEST(http_server, a_client_that_half_closes_after_its_request_still_gets_its_answer) {
+  std::promise<void> go;
+  auto go_f = go.get_future().share();
+  std::vector<std::thread> workers;
+  std::atomic<int> gone{0};
+  http_server server("127.0.0.1", 0, 1, {}, [&](http_request&& req, http_responder respond) {
+    respond.on_disconnect([&gone] { ++gone; });
+    workers.emplace_back([respond, go_f, body = req.body] {
+      go_f.wait_for(10s);
+      respond(http_reply{200, "text/plain", "answer to " + body, {}});
+    });
+  });
+  raw_client c(server.port());
+  c.send("POST /q HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc");
+  c.shut_write(); // as `printf ... | nc -N` does: nothing more to send
+  // The server cannot tell a half-close from a close without writing: its
+  // interim 100 is the sign it saw the end of the request side.
+  auto got = c.read_until("100 Continue\r\n\r\n");
+  EXPECT_EQ(got, "HTTP/1.1 100 Continue\r\n\r\n");
+  go.set_value();
+  got = c.read_until("answer to abc");
+  EXPECT_NE(got.find("HTTP/1.1 200 OK\r\n"), std::string::npos) << got;
+  EXPECT_NE(got.find("Connection: close\r\n"), std::string::npos) << "nothing more can come";
+  EXPECT_TRUE(c.closed_by_server());
+  EXPECT_EQ(gone.load(), 0) << "a half-closed client is no client that left";
+  for (auto& w : workers)
+    w.join();
 }
