@@ -542,14 +542,15 @@ private:
   /// closed only that side (a half-close; it still reads), or all of it.
   /// Only a write tells: an interim 100 Continue, which an HTTP/1.1 client
   /// must accept at any time before the answer, draws a reset from a closed
-  /// socket, which the deadline sweep notices (fully_closed). Once the
-  /// answer has started, its own writes tell. False if the probe could not
-  /// be written.
+  /// socket. False if it cannot be asked: the answer has begun (nothing may
+  /// be written into it; a client ending its side mid-answer is taken as
+  /// gone, so a stalled stream's engine is not left generating), or the
+  /// probe could not be written.
   bool probe_half_close() {
+    if (answer_started_)
+      return false;
     half_closed_ = true;
     keep_alive_ = false; // no further request can come
-    if (answer_started_)
-      return true;
     static constexpr char interim[] = "HTTP/1.1 100 Continue\r\n\r\n";
     auto n =
       ::send(socket_.native_handle(), interim, sizeof interim - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
