@@ -1,5 +1,6 @@
 #include "actors/control.hpp"
 
+#include "wire/burst_log.hpp"
 #include "wire/log.hpp"
 #include "wire/metrics_text.hpp"
 #include "wire/router_report.hpp"
@@ -26,10 +27,13 @@ std::string who(const control_state& st) {
 void refuse(self_ptr self, const std::string& node, const std::string& reason,
             const std::string& replica, const std::string& detail) {
   auto& st = self->state;
-  ++st.refused[{node, reason}];
-  if (st.logged.insert(node + "/" + reason + "/" + replica).second)
-    LLMGW_LOG(warning, who(st), "refused update from node '{}' for replica '{}' ({}): {}", node,
-              replica, reason, detail);
+  // Anyone can write a node name into a message: only the topology's become
+  // metric labels and log keys.
+  auto label = st.opts.topo->find_node(node) ? node : std::string("unknown");
+  ++st.refused[{label, reason}];
+  if (auto n = st.refusal_log.admit("update/" + label + "/" + reason))
+    LLMGW_LOG(warning, who(st), "refused update from node '{}' for replica '{}' ({}): {}{}",
+              log::printable(node), log::printable(replica), reason, detail, wire::burst_note(n));
 }
 
 void drop_replicas_of(self_ptr self, const std::string& node, wire::drop_reason why) {
@@ -66,7 +70,10 @@ void refuse_session(self_ptr self, const std::string& node, const std::string& r
                     std::uint64_t session, const forwarder_actor& fwd, const std::string& detail) {
   auto& st = self->state;
   ++st.sessions_refused[reason];
-  LLMGW_LOG(error, who(st), "refused a session claiming node '{}' ({}): {}", node, reason, detail);
+  auto label = st.opts.topo->find_node(node) ? node : std::string("unknown");
+  if (auto n = st.refusal_log.admit("session/" + label + "/" + reason))
+    LLMGW_LOG(error, who(st), "refused a session claiming node '{}' ({}): {}{}",
+              log::printable(node), reason, detail, wire::burst_note(n));
   if (fwd)
     self->send(fwd, refused_atom::value, session, detail);
 }
@@ -188,7 +195,7 @@ control_actor::behavior_type control(control_actor::stateful_pointer<control_sta
       if (!n || !n->roles.agent)
         return refuse_session(self, hello.node, "unknown_node", hello.session, fwd,
                               n ? "node '" + hello.node + "' does not have the agent role"
-                                : "no node '" + hello.node + "' in the topology");
+                                : "no node '" + log::printable(hello.node) + "' in the topology");
       if (!fwd)
         return refuse_session(self, hello.node, "malformed", hello.session, fwd,
                               "the hello names no forwarder");
@@ -306,10 +313,10 @@ control_actor::behavior_type control(control_actor::stateful_pointer<control_sta
       }
       if (it == st.sessions.end()) {
         refuse(self, u.node, "no_session", u.replica, "the node has no session");
-        tell("this control node knows no session of node '" + u.node + "'");
+        tell("this control node knows no session of node '" + log::printable(u.node) + "'");
       } else {
         refuse(self, u.node, "old_session", u.replica, "not the node's current session");
-        tell("session " + std::to_string(u.session) + " is not node '" + u.node
+        tell("session " + std::to_string(u.session) + " is not node '" + log::printable(u.node)
              + "''s current session");
       }
     },

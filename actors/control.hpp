@@ -15,7 +15,7 @@
 // - A new session of a node replaces the old one once accepted: the node's
 //   replicas are dropped first (the session's full copies follow), and the
 //   old forwarder is told, so a forwarder that is still alive starts over.
-// - An update is refused, counted and logged once per (node, reason) unless
+// - An update is refused, counted and logged once per burst of (node, reason) unless
 //   it comes from the node's current forwarder within its current session,
 //   carries that session's MAC, and is for a replica that node owns, with
 //   kv_events on and a rank below dp_size. Refused updates of the session
@@ -28,6 +28,7 @@
 #pragma once
 
 #include "actors/interfaces.hpp"
+#include "wire/burst_log.hpp"
 #include "wire/node_identity.hpp"
 #include "wire/topology.hpp"
 
@@ -79,7 +80,7 @@ struct control_state {
   std::map<std::string, std::uint64_t> sessions_refused;                ///< by reason
   std::uint64_t sessions_started = 0;
   std::uint64_t updates_passed = 0;
-  std::set<std::string> logged; ///< "node/reason/replica" already logged once
+  wire::burst_log refusal_log; ///< refusals are logged once per burst
   static inline const char* name = "control";
 
   /// True if a session or attempt refers to `f` (so it stays monitored).

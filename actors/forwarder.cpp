@@ -122,7 +122,7 @@ void on_proof(self_ptr self, const control_proof& proof) {
     LLMGW_LOG(error, "forwarder " + st.opts.control,
               "the peer did not prove to be control node '{}' (it says '{}'): {}; trying again "
               "in {} ms",
-              st.opts.control, proof.node, why, st.opts.backoff_max.count());
+              st.opts.control, log::printable(proof.node), why, st.opts.backoff_max.count());
     end_session(self);
   };
   if (proof.nonce.size() != 32)
@@ -236,8 +236,8 @@ forwarder_actor::behavior_type forwarder(forwarder_actor::stateful_pointer<forwa
       if (!current || current->get()->address() != st.control.address())
         return; // only the control node this session is with can end it
       LLMGW_LOG(error, "forwarder " + st.opts.control,
-                "the control node refused this node's session: {}; trying again in {} ms", why,
-                st.opts.backoff_max.count());
+                "the control node refused this node's session: {}; trying again in {} ms",
+                log::printable(why, 400), st.opts.backoff_max.count());
       ++st.sessions_refused;
       end_session(self);
     },

@@ -2,6 +2,7 @@
 
 #include "actors/io_loop_impl.hpp"
 
+#include "wire/burst_log.hpp"
 #include "wire/log.hpp"
 #include "wire/openai_request.hpp"
 
@@ -80,6 +81,7 @@ struct shared_state {
   bool alive = true; ///< guarded by mtx
   std::mutex clients_mtx;
   std::unordered_map<std::string, std::size_t> clients; ///< open connections per address
+  wire::burst_log refusal_log; ///< refusals are logged once per burst of a reason
 
   /// Counts a connection from `address`; false if that address is at its cap.
   bool admit(const std::string& address) {
@@ -218,6 +220,7 @@ public:
 
   /// Answers with `status` and closes: for connections over a cap.
   void refuse(int status, const std::string& message) {
+    note_refusal("connections", message);
     http_reply r;
     r.status = status;
     r.body = wire::openai_error_json(message, "ServiceUnavailableError", status);
@@ -235,7 +238,18 @@ public:
     if (now < deadline_)
       return;
     ++srv_->counters.timeouts;
+    note_refusal("timeout", "no whole request in time, or idle too long");
     close(); // the pending operation ends with operation_aborted
+  }
+
+  /// Logs a refusal, once per burst of its reason.
+  void note_refusal(const char* reason, const std::string& detail) {
+    if (auto n = srv_->refusal_log.admit(reason)) {
+      beast::error_code ignored;
+      auto peer = socket_.remote_endpoint(ignored).address().to_string();
+      LLMGW_LOG(warning, "http", "refused {} ({}): {}{}", peer, reason, detail,
+                wire::burst_note(n));
+    }
   }
 
   // -- called on the session's loop by responders and streams --------------
@@ -390,6 +404,7 @@ private:
     do {
       if (now + need > budget) {
         ++srv_->counters.over_body_budget;
+        note_refusal("over_body_budget", std::to_string(now) + " bytes of bodies held");
         keep_alive_ = false;
         write_whole(http_reply{503,
                                "application/json",
@@ -431,6 +446,7 @@ private:
   /// Answers a request this server will not read with `status` and closes.
   void refuse_request(int status, const char* type, const std::string& message) {
     ++srv_->counters.unsupported;
+    note_refusal("unsupported", message);
     keep_alive_ = false;
     write_whole(
       http_reply{status, "application/json", wire::openai_error_json(message, type, status), {}});
@@ -443,6 +459,7 @@ private:
     http_reply r;
     if (ec == http::error::body_limit) {
       ++srv_->counters.too_large;
+      note_refusal("too_large", "a body over the limit");
       r.status = 413;
       r.body = wire::openai_error_json("the request body exceeds "
                                          + std::to_string(srv_->limits.max_body_bytes) + " bytes",
@@ -453,12 +470,14 @@ private:
                             "the request's transfer coding is not supported; only chunked is");
     } else if (ec == http::error::header_limit) {
       ++srv_->counters.too_large;
+      note_refusal("too_large", "a head over the limit");
       r.status = 431;
       r.body = wire::openai_error_json("the request headers exceed "
                                          + std::to_string(srv_->limits.max_header_bytes) + " bytes",
                                        "BadRequestError", 431);
     } else {
       ++srv_->counters.bad_requests;
+      note_refusal("malformed", ec.message());
       r.status = 400;
       r.body =
         wire::openai_error_json("malformed HTTP request: " + ec.message(), "BadRequestError", 400);

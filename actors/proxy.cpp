@@ -237,8 +237,10 @@ private:
       std::lock_guard<std::mutex> s(ctx_.stats->mtx);
       ++ctx_.stats->failures[{decision_.replica, head_ ? "after_first_byte" : reason}];
     }
-    LLMGW_LOG(warning, "gateway", "replica {} failed a request ({}){}", decision_.replica, err,
-              head_ ? ": the response is cut short" : "");
+    if (auto n = ctx_.stats->failure_log.admit(decision_.replica + "/" + reason))
+      LLMGW_LOG(warning, "gateway", "replica {} failed a request ({}){}{}", decision_.replica,
+                log::printable(err), head_ ? ": the response is cut short" : "",
+                wire::burst_note(n));
     if (head_) {
       if (streaming_) {
         stream_->end();

@@ -18,6 +18,7 @@
 
 #include "actors/gateway.hpp"
 #include "actors/http_client.hpp"
+#include "wire/burst_log.hpp"
 #include "wire/metrics_text.hpp"
 
 #include <map>
@@ -35,6 +36,7 @@ struct proxy_stats {
   std::uint64_t client_disconnects = 0;
   wire::histogram first_byte_seconds; ///< request in -> first upstream byte out
   wire::histogram total_seconds;      ///< request in -> response done
+  wire::burst_log failure_log;        ///< replica failures are logged once per burst
 
   void append(wire::metrics_text& m) const;
 };

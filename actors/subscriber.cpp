@@ -1,5 +1,6 @@
 #include "actors/subscriber.hpp"
 
+#include "wire/burst_log.hpp"
 #include "wire/log.hpp"
 #include "wire/zmq_message.hpp"
 #include "wire/zmq_parts.hpp"
@@ -63,6 +64,7 @@ void subscriber(caf::blocking_actor* self, const std::shared_ptr<subscriber_sock
     dealer->connect(opts.replay);
   }
   auto last_error_log = std::chrono::steady_clock::time_point{};
+  wire::burst_log frame_log; // a bad frame per message must not log per message
   // Batches decoded in one poll go to the mirror in one message: a message
   // per batch cost more than applying it. Flushed before any reset (order
   // matters), at 256 batches, and at the end of every poll.
@@ -126,7 +128,8 @@ void subscriber(caf::blocking_actor* self, const std::shared_ptr<subscriber_sock
       auto msg = wire::split_live_message(wire::views_of(parts));
       if (!msg) {
         ++stats->bad_frames;
-        LLMGW_LOG(warning, who, "{}", msg.err().message);
+        if (auto n = frame_log.admit("live"))
+          LLMGW_LOG(warning, who, "{}{}", msg.err().message, wire::burst_note(n));
         continue;
       }
       if (stream.counts().messages == 0)
@@ -137,7 +140,8 @@ void subscriber(caf::blocking_actor* self, const std::shared_ptr<subscriber_sock
       auto reply = wire::split_replay_reply(wire::views_of(parts));
       if (!reply) {
         ++stats->bad_frames;
-        LLMGW_LOG(warning, who, "replay: {}", reply.err().message);
+        if (auto n = frame_log.admit("replay"))
+          LLMGW_LOG(warning, who, "replay: {}{}", reply.err().message, wire::burst_note(n));
         continue;
       }
       carry_out(stream.on_replay(*reply, now));

@@ -33,9 +33,13 @@
 //    allocates.
 //
 // Per-connection state hangs off the SSL object (ex_data), freed with it.
+#include "wire/burst_log.hpp"
+#include "wire/log.hpp"
 #include "wire/node_port_guard.hpp"
 
+#include <arpa/inet.h>
 #include <dlfcn.h>
+#include <netinet/in.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <sys/socket.h>
@@ -45,6 +49,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <unordered_map>
 
@@ -98,6 +103,28 @@ ino_t inode_of(int fd) {
   return ::fstat(fd, &st) == 0 ? st.st_ino : 0;
 }
 
+/// The peer's address of a socket, for the log.
+std::string peer_of(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  char host[INET6_ADDRSTRLEN] = "?";
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    if (addr.ss_family == AF_INET)
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&addr)->sin_addr, host, sizeof host);
+    else if (addr.ss_family == AF_INET6)
+      inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&addr)->sin6_addr, host, sizeof host);
+  }
+  return host;
+}
+
+/// Logs what was refused, once per burst of its reason.
+void note(const char* reason, int fd, const std::string& detail) {
+  static auto* log = new llmgw::wire::burst_log;
+  if (auto n = log->admit(reason))
+    LLMGW_LOG(warning, "node port", "closed a connection from {} ({}): {}{}", peer_of(fd), reason,
+              detail, llmgw::wire::burst_note(n));
+}
+
 /// Closes, every quarter second, the sockets of handshakes pending too long.
 void reap() {
   auto& h = accepted();
@@ -114,8 +141,10 @@ void reap() {
       // The entry goes when CAF frees the SSL object (under this lock), so
       // the descriptor is still this connection's unless CAF closed it just
       // now; the inode tells.
-      if (inode_of(it->second.fd) == it->second.inode)
+      if (inode_of(it->second.fd) == it->second.inode) {
+        note("handshake_timeout", it->second.fd, "no TLS handshake in time");
         ::shutdown(it->second.fd, SHUT_RDWR);
+      }
       ++llmgw::wire::node_port_counters().handshakes_timed_out;
       it = h.pending.erase(it);
     }
@@ -170,6 +199,8 @@ int SSL_read(SSL* ssl, void* buf, int num) {
   if (n > 0
       && !guard_of(ssl).feed(static_cast<const unsigned char*>(buf), static_cast<std::size_t>(n))) {
     ++llmgw::wire::node_port_counters().payloads_refused;
+    note("payload_too_large", SSL_get_fd(ssl),
+         "a message header announced " + std::to_string(guard_of(ssl).refused_length()) + " bytes");
     cut(ssl);
     return -1; // SSL_get_error: a syscall error; CAF closes the connection
   }
@@ -198,6 +229,8 @@ int SSL_accept(SSL* ssl) {
     std::lock_guard<std::mutex> g(h.mtx);
     if (h.pending.size() >= limits.max_pending_handshakes) {
       ++llmgw::wire::node_port_counters().handshakes_refused;
+      note("too_many_handshakes", fd,
+           std::to_string(h.pending.size()) + " TLS handshakes are in progress");
       cut(ssl);
       ERR_clear_error();
       return -1; // CAF drops the connection before it has a scribe

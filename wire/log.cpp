@@ -41,4 +41,21 @@ void write(level lvl, std::string_view who, std::string_view text) {
   std::fwrite(line.data(), 1, line.size(), stderr);
 }
 
+std::string printable(std::string_view text, std::size_t max) {
+  std::string out;
+  out.reserve(std::min(text.size(), max) + 8);
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (i == max) {
+      out += "...";
+      break;
+    }
+    auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x20 || c >= 0x7f || c == '\\')
+      out += fmt::format("\\x{:02x}", c);
+    else
+      out += static_cast<char>(c);
+  }
+  return out;
+}
+
 } // namespace llmgw::log

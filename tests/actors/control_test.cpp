@@ -261,7 +261,9 @@ TEST_F(control_test, unknown_nodes_are_refused_and_told_why) {
   ASSERT_EQ(c.log->refusals.size(), 1u);
   EXPECT_EQ(c.log->refusals[0], "node 'control-1' does not have the agent role");
   send(x, "a0", {1});
-  EXPECT_EQ(refused("agent-x", "no_session"), 1u);
+  EXPECT_EQ(refused("unknown", "no_session"), 1u)
+    << "a name outside the topology is no metric label (anyone can write one)";
+  EXPECT_EQ(refused("agent-x", "no_session"), 0u);
   EXPECT_EQ(blocks_of("a0"), 0u);
   EXPECT_EQ(control_st().sessions_refused["unknown_node"], 2u);
   ASSERT_EQ(x.log->refusals.size(), 2u) << "an update without a session is answered";
