@@ -201,8 +201,8 @@ private:
     std::lock_guard<std::mutex> g(mtx_);
     if (streaming_) {
       if (!stream_ || !stream_->write(data)) {
-        if (call_)
-          call_->cancel(); // the client is gone or not reading
+        if (auto call = call_.lock())
+          call->cancel(); // the client is gone or not reading
       }
       return;
     }
@@ -281,8 +281,8 @@ private:
       std::lock_guard<std::mutex> s(ctx_.stats->mtx);
       ++ctx_.stats->client_disconnects;
     }
-    if (call_)
-      call_->cancel(); // on_done reports the replica finished
+    if (auto call = call_.lock())
+      call->cancel(); // on_done reports the replica finished
   }
 
   void finish_error(int status, const std::string& type, const std::string& message) {
@@ -306,7 +306,10 @@ private:
   std::mutex mtx_;
   std::vector<std::string> tried_;
   wire::route_decision decision_;
-  std::shared_ptr<http_call> call_;
+  /// Held weakly: the call's handlers hold this request, and its pending
+  /// operations hold the call; a strong reference back would be a cycle
+  /// that outlives a loop stopped with the call in flight.
+  std::weak_ptr<http_call> call_;
   std::optional<http_stream> stream_;
   std::vector<std::pair<std::string, std::string>> relay_headers_;
   std::string content_type_;
