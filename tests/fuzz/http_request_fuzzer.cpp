@@ -9,12 +9,17 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -34,8 +39,10 @@ void answer(llmgw::http_request&& req, llmgw::http_responder respond) {
     if (parsed.err().message.empty())
       std::abort(); // every refusal says why
     respond(llmgw::http_reply{
-      400, "application/json",
-      llmgw::wire::openai_error_json(parsed.err().message, "BadRequestError", 400), {}});
+      400,
+      "application/json",
+      llmgw::wire::openai_error_json(parsed.err().message, "BadRequestError", 400),
+      {}});
     return;
   }
   respond(llmgw::http_reply{200, "application/json", "{\"model\":\"ok\"}", {}});
@@ -58,19 +65,41 @@ llmgw::http_server& server() {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  // Both sides of every connection end in TIME_WAIT for a minute: a run of
+  // 100k inputs would use up one address's ports, and a new connection with
+  // the four numbers of one still waiting gets its SYN dropped (seconds of
+  // retries). Each connection comes from the next of 16M loopback
+  // addresses, 127.1.0.0 onwards: no address is used twice in a run.
+  static std::uint32_t next_source = 0;
+  sockaddr_in source{};
+  source.sin_family = AF_INET;
+  source.sin_addr.s_addr = htonl((127u << 24) + (1u << 16) + (next_source++ % 0xfeffffu));
+  ::bind(fd, reinterpret_cast<sockaddr*>(&source), sizeof source);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(server().port());
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
-    std::abort(); // the server must be there
+  // libFuzzer's timeout alarm interrupts blocking calls: each is retried.
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    pollfd p{fd, POLLOUT, 0};
+    int err = errno;
+    while (err == EINTR && ::poll(&p, 1, 3000) < 0 && errno == EINTR) {
+    }
+    socklen_t len = sizeof err;
+    if (err == EINTR)
+      ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err != 0) {
+      std::fprintf(stderr, "connect: %s\n", std::strerror(err));
+      std::abort(); // the server must be there
+    }
+  }
   timeval tv{3, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  linger abort_on_close{1, 0}; // no TIME_WAIT: a run makes many connections
-  ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &abort_on_close, sizeof abort_on_close);
   std::size_t sent = 0;
   while (sent < size) {
     auto n = ::send(fd, data + sent, size - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR)
+      continue;
     if (n <= 0)
       break; // the server may refuse early and close
     sent += static_cast<std::size_t>(n);
@@ -78,12 +107,26 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   ::shutdown(fd, SHUT_WR);
   std::string got;
   char buf[4096];
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
   for (;;) {
     auto n = ::recv(fd, buf, sizeof buf, 0);
+    if (n < 0 && errno == EINTR && std::chrono::steady_clock::now() < deadline)
+      continue;
     if (n == 0 || (n < 0 && errno == ECONNRESET))
       break;
-    if (n < 0)
+    if (n < 0) {
+      const auto& c = server().counters();
+      std::fprintf(stderr,
+                   "no end after 3 s: sent %zu of %zu, got %zu bytes: %.200s\nopen %llu, "
+                   "requests %llu, evicted %llu, refused %llu, buffered %zu\n",
+                   sent, size, got.size(), got.c_str(),
+                   static_cast<unsigned long long>(c.open.load()),
+                   static_cast<unsigned long long>(c.requests.load()),
+                   static_cast<unsigned long long>(c.evicted.load()),
+                   static_cast<unsigned long long>(c.rejected_connections.load()),
+                   c.buffered_body_bytes.load());
       std::abort(); // a half-closed client was left waiting
+    }
     got.append(buf, static_cast<std::size_t>(n));
   }
   ::close(fd);
