@@ -170,6 +170,7 @@ agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg) {
       opts.topic = e.topic;
       opts.replay = replay[r];
       auto stats = std::make_shared<subscriber_stats>();
+      out.subscribers.push_back({e.replica, r, stats});
       out.actors.push_back(
         sys.spawn<caf::detached>(subscriber, ranks[r].socket, opts, mirrors[r], stats));
     }
@@ -200,6 +201,8 @@ agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg) {
     fo.window = cfg.window;
     fo.identity = cfg.identity;
     fo.control_fingerprints = c.fingerprints;
+    fo.counters = std::make_shared<forwarder_counters>();
+    out.forwarders.emplace_back(c.name, fo.counters);
     auto f = sys.spawn(forwarder, fo, out.mirrors,
                        middleman_connector(c.host, c.port, cfg.connect_timeout));
     out.actors.push_back(caf::actor_cast<caf::actor>(f));
@@ -210,6 +213,45 @@ agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg) {
 void stop_agent(const agent_handles& handles) {
   for (const auto& a : handles.actors)
     caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+}
+
+void append_agent_metrics(wire::metrics_text& m, const agent_handles& handles) {
+  for (const auto& s : handles.subscribers) {
+    wire::metric_labels who{{"replica", s.replica}, {"dp_rank", std::to_string(s.rank)}};
+    m.counter("llmgw_agent_event_messages_total", "KV event messages read from the engine.",
+              static_cast<double>(s.stats->messages.load()), who);
+    auto refused = [&](const char* reason, std::uint64_t n) {
+      auto labels = who;
+      labels.emplace_back("reason", reason);
+      m.counter("llmgw_agent_event_messages_refused_total",
+                "KV event messages refused: bad_frame (not three frames or a bad seq), "
+                "decode (a payload that does not decode).",
+                static_cast<double>(n), labels);
+    };
+    refused("bad_frame", s.stats->bad_frames.load());
+    refused("decode", s.stats->decode_errors.load());
+    m.counter("llmgw_agent_event_gaps_total", "Gaps in the engine's event stream.",
+              static_cast<double>(s.stats->gaps.load()), who);
+  }
+  for (const auto& [control, c] : handles.forwarders) {
+    wire::metric_labels to{{"control", control}};
+    m.gauge("llmgw_agent_session_up", "1 while a session with the control node is established.",
+            c->connected.load() ? 1 : 0, to);
+    m.counter("llmgw_agent_sessions_started_total", "Sessions started with the control node.",
+              static_cast<double>(c->sessions.load()), to);
+    m.counter("llmgw_agent_updates_sent_total", "Replica updates sent to the control node.",
+              static_cast<double>(c->updates_sent.load()), to);
+    auto refused = [&](const char* reason, std::uint64_t n) {
+      auto labels = to;
+      labels.emplace_back("reason", reason);
+      m.counter("llmgw_agent_sessions_ended_total",
+                "Sessions that ended: refused (by the control node), unproven (the control "
+                "node did not prove its name).",
+                static_cast<double>(n), labels);
+    };
+    refused("refused", c->sessions_refused.load());
+    refused("unproven", c->proofs_refused.load());
+  }
 }
 
 void remove_runtime_dir(const agent_handles& handles) {

@@ -7,6 +7,8 @@
 #pragma once
 
 #include "actors/forwarder.hpp"
+#include "actors/subscriber.hpp"
+#include "wire/metrics_text.hpp"
 #include "wire/topology.hpp"
 
 #include <caf/fwd.hpp>
@@ -44,6 +46,13 @@ struct agent_config {
   std::shared_ptr<const wire::node_identity> identity;
 };
 
+/// One subscriber's counters, by replica and rank.
+struct agent_subscriber {
+  std::string replica;
+  std::uint32_t rank = 0;
+  std::shared_ptr<subscriber_stats> stats;
+};
+
 /// What start_agent made, and what happened per engine.
 struct agent_handles {
   std::vector<caf::actor> actors;            ///< everything spawned, stopped by stop_agent
@@ -51,6 +60,9 @@ struct agent_handles {
   std::vector<std::string> events_endpoints; ///< per engine: rank 0's endpoint, or "" (no events)
   /// The private folder (mode 0700) of launched engines' ipc sockets, or "".
   std::string runtime_dir;
+  std::vector<agent_subscriber> subscribers;
+  /// Each forwarder's counters, by control node.
+  std::vector<std::pair<std::string, std::shared_ptr<forwarder_counters>>> forwarders;
 };
 
 /// Spawns the node's actors in `sys`.
@@ -62,5 +74,9 @@ void stop_agent(const agent_handles& handles);
 /// Removes the private folder of the engines' sockets, once the agent's
 /// actors (and the engines they launched) are gone.
 void remove_runtime_dir(const agent_handles& handles);
+
+/// The agent's counters as Prometheus text: each subscriber's messages and
+/// what it refused, each forwarder's sessions and what it refused.
+void append_agent_metrics(wire::metrics_text& m, const agent_handles& handles);
 
 } // namespace llmgw

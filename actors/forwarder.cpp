@@ -32,7 +32,7 @@ void send_update(self_ptr self, replica_update u) {
   u.session = st.window.session();
   u.seq = st.window.next();
   u.mac = update_mac(st.key, u);
-  ++st.updates_sent;
+  ++st.counts->updates_sent;
   self->send(st.control, std::move(u));
 }
 
@@ -70,6 +70,7 @@ void end_session(self_ptr self) {
   st.window.start(0);
   st.share.reset();
   st.key.clear();
+  st.counts->connected = false;
   st.backoff = st.opts.backoff_max;
   if (!st.connect_scheduled) {
     st.connect_scheduled = true;
@@ -94,7 +95,8 @@ void start_session(self_ptr self, control_actor control) {
   auto session = new_session_id();
   st.window.start(session);
   st.key.clear();
-  ++st.sessions;
+  st.counts->connected = false;
+  ++st.counts->sessions;
   agent_hello hello{st.opts.node, session, {}, share->nonce(), share->public_key()};
   for (const auto& m : st.mirrors)
     hello.replicas.push_back(m.replica);
@@ -118,7 +120,7 @@ void on_proof(self_ptr self, const control_proof& proof) {
   st.transcript.control_nonce = proof.nonce;
   st.transcript.control_share = proof.key_share;
   auto refuse = [&](const std::string& why) {
-    ++st.proofs_refused;
+    ++st.counts->proofs_refused;
     LLMGW_LOG(error, "forwarder " + st.opts.control,
               "the peer did not prove to be control node '{}' (it says '{}'): {}; trying again "
               "in {} ms",
@@ -138,6 +140,7 @@ void on_proof(self_ptr self, const control_proof& proof) {
   if (!key)
     return refuse(key.err().message);
   st.key = std::move(*key);
+  st.counts->connected = true;
   st.share.reset();
   agent_proof mine{session, {}, {}};
   if (st.opts.identity) {
@@ -166,6 +169,7 @@ forwarder_actor::behavior_type forwarder(forwarder_actor::stateful_pointer<forwa
   auto& st = self->state;
   st.window = wire::session_window(opts.window);
   st.peer = std::hash<std::string>{}(opts.control) | 1; // stable per control node
+  st.counts = opts.counters ? opts.counters : std::make_shared<forwarder_counters>();
   st.opts = std::move(opts);
   st.mirrors = std::move(mirrors);
   st.connect = std::move(connect);
@@ -179,6 +183,7 @@ forwarder_actor::behavior_type forwarder(forwarder_actor::stateful_pointer<forwa
     st.window.start(0);
     st.share.reset();
     st.key.clear();
+    st.counts->connected = false;
     schedule_connect(self);
   });
   self->delayed_send(self, st.opts.flush_interval, flush_atom::value);
@@ -205,7 +210,7 @@ forwarder_actor::behavior_type forwarder(forwarder_actor::stateful_pointer<forwa
       if (!st.control || st.key.empty())
         return; // no session, or its handshake is not done
       if (!st.window.has_room()) {
-        ++st.flushes_skipped; // the changes wait in the mirrors, bounded by their tables
+        ++st.counts->flushes_skipped; // the changes wait in the mirrors, bounded by their tables
         return;
       }
       auto session = st.window.session();
@@ -238,7 +243,7 @@ forwarder_actor::behavior_type forwarder(forwarder_actor::stateful_pointer<forwa
       LLMGW_LOG(error, "forwarder " + st.opts.control,
                 "the control node refused this node's session: {}; trying again in {} ms",
                 log::printable(why, 400), st.opts.backoff_max.count());
-      ++st.sessions_refused;
+      ++st.counts->sessions_refused;
       end_session(self);
     },
   };

@@ -17,6 +17,7 @@
 #include "wire/node_identity.hpp"
 #include "wire/session_window.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -25,6 +26,16 @@
 #include <vector>
 
 namespace llmgw {
+
+/// What a forwarder counts, read by the agent's /metrics from any thread.
+struct forwarder_counters {
+  std::atomic<std::uint64_t> sessions{0}; ///< sessions started (hellos sent)
+  std::atomic<std::uint64_t> updates_sent{0};
+  std::atomic<std::uint64_t> flushes_skipped{0};  ///< flushes that found the window full
+  std::atomic<std::uint64_t> sessions_refused{0}; ///< sessions the control node refused
+  std::atomic<std::uint64_t> proofs_refused{0};   ///< control nodes that failed to prove their name
+  std::atomic<bool> connected{false};             ///< in a session whose handshake finished
+};
 
 struct forwarder_options {
   std::string node;    ///< this agent node's name
@@ -41,6 +52,8 @@ struct forwarder_options {
   /// The control node's certificates (the topology's fingerprints; empty: any
   /// certificate of the CA that names it).
   std::vector<std::string> control_fingerprints;
+  /// Where it counts (made if null).
+  std::shared_ptr<forwarder_counters> counters;
 };
 
 /// A replica's mirror, by the replica id of the topology.
@@ -62,12 +75,8 @@ struct forwarder_state {
   control_actor control; ///< invalid while disconnected
   wire::session_window window{64};
   std::uint64_t peer = 0; ///< our subscriber id at every mirror
-  std::uint64_t sessions = 0;
   std::chrono::milliseconds backoff{0};
-  std::uint64_t updates_sent = 0;
-  std::uint64_t flushes_skipped = 0;  ///< flushes that found the window full
-  std::uint64_t sessions_refused = 0; ///< sessions the control node refused
-  std::uint64_t proofs_refused = 0;   ///< control nodes that failed to prove their name
+  std::shared_ptr<forwarder_counters> counts; ///< opts.counters
   /// The handshake of the current session, until the control node's proof
   /// checked out (then `key` is set and updates flow).
   std::optional<wire::key_share> share;

@@ -227,6 +227,11 @@ gateway::~gateway() {
   stop();
 }
 
+void gateway::add_metrics(std::function<void(wire::metrics_text&)> f) {
+  std::lock_guard<std::mutex> g(extra_mtx_);
+  extra_metrics_ = std::move(f);
+}
+
 void gateway::stop() {
   server_->stop();
   if (admin_)
@@ -304,16 +309,12 @@ bool gateway::handle_admin(const std::string& path, const http_request& req,
     append_http_counters(m, server_->counters(), {{"listener", "gateway"}});
     if (admin_)
       append_http_counters(m, admin_->counters(), {{"listener", "admin"}});
-    const auto& port = wire::node_port_counters();
-    for (auto [why, n] : {std::pair{"too_many_handshakes", port.handshakes_refused.load()},
-                          {"handshake_timeout", port.handshakes_timed_out.load()},
-                          {"payload_too_large", port.payloads_refused.load()}})
-      m.counter("llmgw_node_port_refused_total",
-                "Connections to the node (CAF) port closed below CAF, by reason.",
-                static_cast<double>(n), {{"reason", why}});
-    m.gauge("llmgw_node_port_pending_handshakes",
-            "Connections to the node port in their TLS handshake now.",
-            static_cast<double>(port.pending_handshakes.load()));
+    wire::append_node_port_metrics(m);
+    {
+      std::lock_guard<std::mutex> g(extra_mtx_);
+      if (extra_metrics_)
+        extra_metrics_(m);
+    }
     auto cache = peers_.token_cache->stats();
     m.counter("llmgw_tokenize_cache_hits_total",
               "Text prompts whose tokens the gateway found in the tokenizer's cache.",

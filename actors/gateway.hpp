@@ -34,6 +34,7 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
 namespace llmgw {
@@ -45,6 +46,7 @@ struct control_options;
 
 namespace wire {
 class locked_router;
+class metrics_text;
 class token_cache;
 } // namespace wire
 
@@ -91,6 +93,10 @@ public:
   /// Stops serving; requests in flight get no answer.
   void stop();
 
+  /// Adds what `f` writes to /metrics (an agent's counters on a node with
+  /// both roles).
+  void add_metrics(std::function<void(wire::metrics_text&)> f);
+
 private:
   void handle(http_request&& req, http_responder respond);
   /// The endpoints both listeners serve; false if `path` is none of them.
@@ -108,6 +114,8 @@ private:
   std::unique_ptr<http_server> server_;
   std::unique_ptr<http_server> admin_;
   std::string error_;
+  std::mutex extra_mtx_;
+  std::function<void(wire::metrics_text&)> extra_metrics_;
 };
 
 } // namespace llmgw

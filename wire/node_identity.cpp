@@ -67,25 +67,20 @@ ssl::x509_ptr x509_of(std::string_view der) {
   return x;
 }
 
-/// True if `x` names `name`: a DNS subject alternative name, or the CN.
+/// True if `x` names node `name`: its subject CN, exactly. Not a subject
+/// alternative name: those list the hosts a node is reached at, and `llmgw
+/// certs` gives every node all of them (nodes named after their hosts
+/// would each name them all).
 bool names(X509* x, const std::string& name) {
-  auto* sans =
-    static_cast<GENERAL_NAMES*>(X509_get_ext_d2i(x, NID_subject_alt_name, nullptr, nullptr));
-  bool found = false;
-  for (int i = 0; sans && i < sk_GENERAL_NAME_num(sans) && !found; ++i) {
-    const auto* gn = sk_GENERAL_NAME_value(sans, i);
-    if (gn->type != GEN_DNS)
-      continue;
-    const auto* s = gn->d.dNSName;
-    found = static_cast<std::size_t>(ASN1_STRING_length(s)) == name.size()
-            && std::equal(name.begin(), name.end(), ASN1_STRING_get0_data(s));
-  }
-  GENERAL_NAMES_free(sans);
-  if (found)
-    return true;
-  char cn[256];
-  int len = X509_NAME_get_text_by_NID(X509_get_subject_name(x), NID_commonName, cn, sizeof cn);
-  return len >= 0 && name == std::string_view(cn, static_cast<std::size_t>(len));
+  auto* subject = X509_get_subject_name(x);
+  if (X509_NAME_entry_count(subject) == 0)
+    return false;
+  int at = X509_NAME_get_index_by_NID(subject, NID_commonName, -1);
+  if (at < 0 || X509_NAME_get_index_by_NID(subject, NID_commonName, at) >= 0)
+    return false; // no CN, or more than one: ambiguous
+  const auto* cn = X509_NAME_ENTRY_get_data(X509_NAME_get_entry(subject, at));
+  return static_cast<std::size_t>(ASN1_STRING_length(cn)) == name.size()
+         && std::equal(name.begin(), name.end(), ASN1_STRING_get0_data(cn));
 }
 
 const EVP_MD* digest_for(EVP_PKEY* key) {
@@ -269,8 +264,8 @@ result<std::shared_ptr<const node_identity>> node_identity::load(const std::stri
       fmt::format("certificate '{}' is not valid under CA '{}': {}", cert_path, ca_path, why));
   }
   if (!names(cert.get(), name))
-    return fail(fmt::format("certificate '{}' does not name node '{}' (neither its CN nor a DNS "
-                            "subject alternative name): other nodes would refuse it",
+    return fail(fmt::format("certificate '{}' does not name node '{}' (its subject CN must be the "
+                            "node's name): other nodes would refuse it",
                             cert_path, name));
   id->impl_->key = std::move(key);
   return std::shared_ptr<const node_identity>(std::move(id));
@@ -347,8 +342,8 @@ std::string certificate_names(const std::string& cert_path, const std::string& n
   }
   if (names(cert.get(), name))
     return {};
-  return fmt::format("certificate '{}' does not name node '{}' (neither its CN nor a DNS subject "
-                     "alternative name): other nodes would refuse it",
+  return fmt::format("certificate '{}' does not name node '{}' (its subject CN must be the node's "
+                     "name): other nodes would refuse it",
                      cert_path, name);
 }
 

@@ -1,6 +1,6 @@
 // Who a node is, proven. Each node holds a certificate from the cluster's CA
-// that names it (its subject CN or a DNS subject alternative name; `llmgw
-// certs` writes both) and the matching key. CAF 0.17's TLS accepts any
+// whose subject CN is its name (`llmgw certs` writes it so; subject
+// alternative names list hosts, and name no node) and the matching key. CAF 0.17's TLS accepts any
 // certificate the CA signed and never shows llmgw which one a peer
 // presented, so an agent's session with a control node is authenticated
 // again inside it, at the application level:
@@ -145,8 +145,8 @@ private:
   std::string fingerprint_;
 };
 
-/// Why the certificate in PEM file `cert_path` does not name `name` (its CN
-/// or a DNS subject alternative name), or "" when it does; for `llmgw check`.
+/// Why the certificate in PEM file `cert_path` does not name `name` (its one
+/// subject CN), or "" when it does; for `llmgw check`.
 std::string certificate_names(const std::string& cert_path, const std::string& name);
 
 /// HMAC-SHA256 of `data` under a session key (32 bytes).

@@ -1,6 +1,9 @@
 #include "wire/node_port_guard.hpp"
 
+#include "wire/metrics_text.hpp"
+
 #include <algorithm>
+#include <utility>
 
 namespace llmgw::wire {
 
@@ -12,6 +15,19 @@ node_port_limits& node_port_settings() {
 node_port_counts& node_port_counters() {
   static node_port_counts counts;
   return counts;
+}
+
+void append_node_port_metrics(metrics_text& m) {
+  const auto& port = node_port_counters();
+  for (auto [why, n] : {std::pair{"too_many_handshakes", port.handshakes_refused.load()},
+                        {"handshake_timeout", port.handshakes_timed_out.load()},
+                        {"payload_too_large", port.payloads_refused.load()}})
+    m.counter("llmgw_node_port_refused_total",
+              "Connections to or from the node (CAF) port closed below CAF, by reason.",
+              static_cast<double>(n), {{"reason", why}});
+  m.gauge("llmgw_node_port_pending_handshakes",
+          "Connections to the node port in their TLS handshake now.",
+          static_cast<double>(port.pending_handshakes.load()));
 }
 
 bool basp_frame_guard::feed(const unsigned char* data, std::size_t n) {

@@ -49,6 +49,11 @@ node_port_limits& node_port_settings();
 /// The process's counts.
 node_port_counts& node_port_counters();
 
+class metrics_text;
+
+/// The counts as Prometheus text (llmgw_node_port_*).
+void append_node_port_metrics(metrics_text& m);
+
 /// Follows one peer's BASP byte stream, as TLS hands it over in pieces of
 /// any size, and refuses it once a header announces more payload than
 /// allowed. Pure: no sockets.

@@ -558,8 +558,6 @@ void read_node(checker& c, const toml::value& t, std::size_t index, const topolo
   if (!admin.empty() && !split_host_port(admin, n.admin_host, n.admin_port))
     c.problem(*c.find(t, "admin"),
               fmt::format("{}.admin '{}' must be HOST:PORT with a port in 1..65535", where, admin));
-  if (!n.roles.control && !admin.empty())
-    c.problem(*c.find(t, "admin"), fmt::format("{}.admin is only for control nodes", where));
   if (n.roles.control && n.port == 0)
     c.problem(t, fmt::format("{} is a control node: it needs a port agents connect to", where));
   c.read(t, where, "cert", n.cert, false);

@@ -8,8 +8,8 @@
 //   [router]    scoring and tier-1 knobs (router_settings below)
 //   [gateway]   HTTP limits and the proxy's timeouts (gateway_settings below)
 //   [[node]]    name, host, port, roles = ["agent", "control"], http
-//               ("host:port", control nodes), admin ("host:port", control
-//               nodes, optional: health and metrics only), cert and key (PEM),
+//               ("host:port", control nodes), admin ("host:port", optional:
+//               health and metrics only), cert and key (PEM),
 //               fingerprints (the certificates it may present)
 //   [[node.engine]] (agent nodes) replica, model, url, lora, kv_events,
 //               events_port, topic, dp_size, launch, replay, replay_endpoint
@@ -58,9 +58,10 @@ struct node_spec {
   node_roles roles;
   std::string http_host; ///< control nodes: the gateway's listen address
   std::uint16_t http_port = 0;
-  /// Control nodes, optional: a second listener for /healthz, /metrics and
-  /// /v1/kv/replicas only, with connections of its own, so probes and
-  /// scrapes get through whatever clients do on the gateway's port.
+  /// Optional: a listener for /healthz and /metrics (and on control nodes
+  /// /v1/kv/replicas), with connections of its own, so probes and scrapes
+  /// get through whatever clients do on the gateway's port; on an agent
+  /// node, its only HTTP endpoint (its subscribers' and forwarders' counts).
   std::string admin_host;
   std::uint16_t admin_port = 0;
   std::string cert; ///< PEM certificate, signed by the cluster's CA

@@ -19,7 +19,9 @@
 #include "apps/llmgw/commands.hpp"
 #include "messages/registration.hpp"
 #include "wire/log.hpp"
+#include "wire/metrics_text.hpp"
 #include "wire/node_port_guard.hpp"
+#include "wire/openai_request.hpp"
 #include "wire/topology.hpp"
 
 #include <CLI/CLI.hpp>
@@ -144,6 +146,7 @@ int run_node(const wire::topology& topo_in, const std::string& name, std::size_t
   caf::actor_system sys{cfg};
   gateway_peers control_plane;
   std::unique_ptr<gateway> gw;
+  std::unique_ptr<http_server> agent_admin; // an agent-only node's /healthz and /metrics
   agent_handles agent;
   int exit_code = 0;
   if (node->roles.control) {
@@ -194,6 +197,45 @@ int run_node(const wire::topology& topo_in, const std::string& name, std::size_t
     agent = start_agent(sys, cfg_agent);
     LLMGW_LOG(info, who, "agent: {} engine(s), forwarding to {} control node(s)",
               node->engines.size(), topo->controls().size());
+    // The counters only: no actor handles held by an HTTP thread.
+    agent_handles counted;
+    counted.subscribers = agent.subscribers;
+    counted.forwarders = agent.forwarders;
+    if (gw) { // both roles: the gateway's /metrics has the agent's counters too
+      gw->add_metrics(
+        [handles = counted](wire::metrics_text& m) { append_agent_metrics(m, handles); });
+    } else if (!node->admin_host.empty()) {
+      agent_admin = std::make_unique<http_server>(
+        node->admin_host, node->admin_port, 1, http_server_limits{},
+        [handles = counted](http_request&& req, http_responder respond) {
+          auto path = req.target.substr(0, req.target.find('?'));
+          if (req.method != "GET")
+            return respond(http_reply{
+              405,
+              "application/json",
+              wire::openai_error_json(req.method + " is not allowed", "MethodNotAllowed", 405),
+              {}});
+          if (path == "/healthz")
+            return respond(http_reply{200, "application/json", R"({"status":"ok"})", {}});
+          if (path != "/metrics")
+            return respond(http_reply{404,
+                                      "application/json",
+                                      wire::openai_error_json("an agent serves /healthz and "
+                                                              "/metrics",
+                                                              "NotFoundError", 404),
+                                      {}});
+          wire::metrics_text m;
+          append_agent_metrics(m, handles);
+          wire::append_node_port_metrics(m);
+          respond(http_reply{200, "text/plain; version=0.0.4", m.str(), {}});
+        });
+      if (agent_admin->port() == 0) {
+        LLMGW_LOG(error, who, "admin listener: {}", agent_admin->error());
+        exit_code = 1;
+      } else {
+        LLMGW_LOG(info, who, "agent: admin at http://{}:{}", node->admin_host, agent_admin->port());
+      }
+    }
   }
   if (exit_code == 0) {
     LLMGW_LOG(info, who, "ready");
@@ -203,6 +245,8 @@ int run_node(const wire::topology& topo_in, const std::string& name, std::size_t
   }
   if (gw)
     gw->stop();
+  if (agent_admin)
+    agent_admin->stop();
   stop_agent(agent);
   cleanup.last.runtime_dir = agent.runtime_dir;
   stop_control_plane(control_plane);

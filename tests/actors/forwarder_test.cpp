@@ -225,7 +225,7 @@ TEST_F(forwarder_test, a_control_node_that_cannot_prove_its_name_gets_nothing) {
   auto f = start(64, creds.of("agent-a"));
   ASSERT_EQ(log->hellos.size(), 1u);
   EXPECT_TRUE(log->updates.empty()) << "no block state goes to an unproven control node";
-  EXPECT_EQ(state_of(f).proofs_refused, 1u);
+  EXPECT_EQ(state_of(f).counts->proofs_refused, 1u);
   flush();
   EXPECT_TRUE(log->updates.empty());
   sched.advance_time(500ms); // backoff_max
@@ -235,7 +235,7 @@ TEST_F(forwarder_test, a_control_node_that_cannot_prove_its_name_gets_nothing) {
   control = stop_at_end(sys.spawn(proving_control, creds.of("control-1"), log));
   sched.advance_time(500ms);
   sched.run();
-  EXPECT_EQ(state_of(f).proofs_refused, 2u) << "the one before was control-2 again";
+  EXPECT_EQ(state_of(f).counts->proofs_refused, 2u) << "the one before was control-2 again";
   EXPECT_FALSE(state_of(f).key.empty()) << "control-1's proof checked out";
   EXPECT_EQ(log->updates.size(), 2u) << "full copies";
 }

@@ -274,6 +274,30 @@ TEST(cluster, an_agent_must_connect_from_its_own_host) {
     << c.log_of("agent-b");
 }
 
+TEST(cluster, an_agent_shows_its_sessions_and_what_it_refused_on_its_admin_listener) {
+  test_cluster c(one_control_two_agents());
+  start_control_and_agents(c);
+  auto up = [&] {
+    auto m = c.admin_get("agent-a", "/metrics");
+    return m.status == 200
+           && m.body.find("llmgw_agent_session_up{control=\"control-1\"} 1\n") != std::string::npos;
+  };
+  ASSERT_TRUE(test_cluster::eventually(up, 10s * slow_factor))
+    << c.admin_get("agent-a", "/metrics").body;
+  auto text = c.admin_get("agent-a", "/metrics").body;
+  EXPECT_NE(
+    text.find("llmgw_agent_sessions_ended_total{control=\"control-1\",reason=\"unproven\"} 0\n"),
+    std::string::npos)
+    << text;
+  EXPECT_NE(text.find("llmgw_agent_event_messages_refused_total{replica=\"a0\",dp_rank=\"0\","
+                      "reason=\"bad_frame\"} 0\n"),
+            std::string::npos)
+    << text;
+  EXPECT_EQ(c.admin_get("agent-a", "/healthz").status, 200);
+  EXPECT_EQ(c.admin_get("control-1", "/healthz").status, 200) << "a control node's admin too";
+  EXPECT_EQ(c.admin_get("agent-a", "/v1/kv/replicas").status, 404) << "an agent has no index";
+}
+
 TEST(cluster, a_node_holding_another_nodes_certificate_cannot_take_its_place) {
   test_cluster c(one_control_two_agents());
   start_control_and_agents(c);

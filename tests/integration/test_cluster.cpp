@@ -105,6 +105,7 @@ test_cluster::test_cluster(std::vector<test_node_spec> nodes, std::string extra_
   EXPECT_EQ(wire::ensure_ca(dir_), "");
   for (const auto& n : nodes_) {
     EXPECT_EQ(wire::issue_node_certificate(dir_, n.name, {n.host}), "");
+    admin_ports_[n.name] = free_port();
     if (n.control) {
       caf_ports_[n.name] = free_port();
       http_ports_[n.name] = free_port();
@@ -147,9 +148,10 @@ std::string test_cluster::write_topology(const std::vector<test_node_spec>& node
       roles.push_back("\"control\"");
     if (n.agent)
       roles.push_back("\"agent\"");
-    t += fmt::format("\n[[node]]\nname = \"{}\"\nhost = \"{}\"\nroles = [{}]\n"
-                     "cert = \"{}.pem\"\nkey = \"{}.key\"\n",
-                     n.name, n.host, fmt::join(roles, ", "), n.name, n.name);
+    t +=
+      fmt::format("\n[[node]]\nname = \"{}\"\nhost = \"{}\"\nroles = [{}]\n"
+                  "cert = \"{}.pem\"\nkey = \"{}.key\"\nadmin = \"127.0.0.1:{}\"\n",
+                  n.name, n.host, fmt::join(roles, ", "), n.name, n.name, admin_ports_.at(n.name));
     if (n.control)
       t += fmt::format("port = {}\nhttp = \"127.0.0.1:{}\"\n", caf_ports_.at(n.name),
                        http_ports_.at(n.name));
@@ -236,6 +238,10 @@ http_response sync_request(http_client& http, const std::string& method, std::ui
 
 http_response test_cluster::get(const std::string& control, const std::string& target) {
   return sync_request(http_, "GET", http_ports_.at(control), target, "");
+}
+
+http_response test_cluster::admin_get(const std::string& node, const std::string& target) {
+  return sync_request(http_, "GET", admin_ports_.at(node), target, "");
 }
 
 http_response test_cluster::post(const std::string& control, const std::string& target,

@@ -91,6 +91,9 @@ public:
   http_response post(const std::string& control, const std::string& target,
                      const std::string& body);
 
+  /// GET `target` on a node's admin listener; status 0 if unreachable.
+  http_response admin_get(const std::string& node, const std::string& target);
+
   /// The control node's /v1/kv/replicas, as JSON (null if unreachable).
   boost::json::value replicas(const std::string& control);
 
@@ -112,6 +115,7 @@ private:
   std::vector<test_node_spec> nodes_;
   std::map<std::string, std::uint16_t> caf_ports_;
   std::map<std::string, std::uint16_t> http_ports_;
+  std::map<std::string, std::uint16_t> admin_ports_; ///< every node has one
   std::map<std::string, std::unique_ptr<child_process>> running_;
   std::map<std::string, std::string> logs_;
   http_client http_;

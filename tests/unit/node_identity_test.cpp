@@ -3,6 +3,7 @@
 #include "tests/unit/credentials.hpp"
 #include "wire/node_identity.hpp"
 #include "wire/node_port_guard.hpp"
+#include "wire/pki.hpp"
 
 #include <gtest/gtest.h>
 
@@ -169,4 +170,28 @@ TEST(basp_frame_guard, a_header_announcing_too_much_is_refused) {
   wire::basp_frame_guard payload(200, 100);
   EXPECT_TRUE(feed(
     payload, basp_header(64) + basp_header(1u << 30).substr(0, 32) + std::string(32, '\0'), 9));
+}
+
+TEST(node_identity, a_host_name_in_a_certificate_names_no_node) {
+  // Nodes named after their hosts: llmgw certs gives every certificate every
+  // --host, so gpu-2's certificate lists gpu-1 as a host name.
+  char tmpl[] = "/tmp/llmgw-hosts-XXXXXX";
+  std::string dir = ::mkdtemp(tmpl);
+  ASSERT_EQ(ensure_ca(dir), "");
+  ASSERT_EQ(issue_node_certificate(dir, "gpu-2", {"gpu-1", "gpu-2", "localhost"}), "");
+  ASSERT_EQ(issue_node_certificate(dir, "gpu-1", {"gpu-1", "gpu-2", "localhost"}), "");
+  auto two = node_identity::load("gpu-2", dir + "/gpu-2.pem", dir + "/gpu-2.key", dir + "/ca.pem");
+  auto one = node_identity::load("gpu-1", dir + "/gpu-1.pem", dir + "/gpu-1.key", dir + "/ca.pem");
+  ASSERT_TRUE(two && one);
+  std::string data = "proof";
+  EXPECT_EQ((*one)->check_peer((*two)->certificate(), "gpu-1", {}, data, (*two)->sign(data)).reason,
+            "name")
+    << "gpu-2's certificate must not pass as gpu-1";
+  EXPECT_EQ(
+    (*one)->check_peer((*two)->certificate(), "localhost", {}, data, (*two)->sign(data)).reason,
+    "name");
+  EXPECT_TRUE((*one)->check_peer((*two)->certificate(), "gpu-2", {}, data, (*two)->sign(data)));
+  EXPECT_FALSE(
+    node_identity::load("gpu-1", dir + "/gpu-2.pem", dir + "/gpu-2.key", dir + "/ca.pem"));
+  std::system(("rm -rf " + dir).c_str());
 }
