@@ -9,8 +9,12 @@
 #include <caf/actor_system.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/io/middleman_actor.hpp>
+#include <caf/result.hpp>
+#include <caf/sec.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
+
+#include <algorithm>
 
 namespace llmgw {
 
@@ -118,6 +122,7 @@ void accept(self_ptr self, std::uint64_t session) {
   s.id = session;
   s.forwarder = a.forwarder;
   s.key = std::move(a.key);
+  s.last_seq = a.last_seq;
   ++st.sessions_started;
   LLMGW_LOG(info, who(st), "session {} of agent node '{}' accepted", session, a.node);
   for (const auto& u : a.pending)
@@ -191,14 +196,20 @@ control_actor::behavior_type control(control_actor::stateful_pointer<control_sta
   return {
     [self](const agent_hello& hello, const forwarder_actor& fwd) {
       auto& st = self->state;
+      auto sender = self->current_sender();
+      if (!sender || !fwd || sender->get()->address() != fwd.address()) {
+        // A hello that names another actor than its sender would have that
+        // actor told of refusals it never caused: the answer goes to the
+        // sender, and nothing to the actor named.
+        return refuse_session(self, hello.node, "malformed", hello.session,
+                              caf::actor_cast<forwarder_actor>(sender),
+                              "the hello names another forwarder than its sender");
+      }
       const auto* n = st.opts.topo->find_node(hello.node);
       if (!n || !n->roles.agent)
         return refuse_session(self, hello.node, "unknown_node", hello.session, fwd,
                               n ? "node '" + hello.node + "' does not have the agent role"
                                 : "no node '" + log::printable(hello.node) + "' in the topology");
-      if (!fwd)
-        return refuse_session(self, hello.node, "malformed", hello.session, fwd,
-                              "the hello names no forwarder");
       if (hello.nonce.size() != 32 || hello.key_share.size() != 32)
         return refuse_session(self, hello.node, "malformed", hello.session, fwd,
                               "the hello's nonce and key share must have 32 bytes each");
@@ -209,6 +220,15 @@ control_actor::behavior_type control(control_actor::stateful_pointer<control_sta
         return refuse_session(self, hello.node, "busy", hello.session, fwd,
                               std::to_string(st.attempts.size())
                                 + " session attempts are in progress");
+      // One peer node (one connection) holds a few attempts at most: it
+      // cannot fill the table and keep other agents from starting theirs.
+      auto from_peer = std::count_if(st.attempts.begin(), st.attempts.end(), [&](const auto& a) {
+        return a.second.forwarder.node() == fwd.node();
+      });
+      if (static_cast<std::size_t>(from_peer) >= st.opts.max_attempts_per_peer)
+        return refuse_session(self, hello.node, "busy", hello.session, fwd,
+                              std::to_string(from_peer)
+                                + " session attempts of this peer are in progress");
       auto share = wire::key_share::make();
       if (!share)
         return refuse_session(self, hello.node, "internal", hello.session, fwd,
@@ -267,6 +287,8 @@ control_actor::behavior_type control(control_actor::stateful_pointer<control_sta
       check_address(self, proof.session);
     },
     [self](timeout_atom, std::uint64_t session) {
+      if (self->current_sender().get() != self->ctrl())
+        return; // its own timer only
       refuse_attempt(self, session, "timeout",
                      "the handshake did not finish within "
                        + std::to_string(self->state.opts.handshake_timeout.count()) + " ms");
@@ -291,6 +313,10 @@ control_actor::behavior_type control(control_actor::stateful_pointer<control_sta
         if (!wire::same_mac(u.mac, update_mac(s.key, u)))
           return refuse(self, u.node, "mac", u.replica,
                         "the update's MAC does not match the session key");
+        if (u.seq <= s.last_seq) // a relay passing a genuine update on twice
+          return refuse(self, u.node, "replay", u.replica,
+                        "seq " + std::to_string(u.seq) + " came before");
+        s.last_seq = u.seq;
         return handle_update(self, s, u);
       }
       auto at = st.attempts.find(u.session);
@@ -302,6 +328,10 @@ control_actor::behavior_type control(control_actor::stateful_pointer<control_sta
         if (!wire::same_mac(u.mac, update_mac(a.key, u)))
           return refuse(self, u.node, "mac", u.replica,
                         "the update's MAC does not match the session key");
+        if (u.seq <= a.last_seq)
+          return refuse(self, u.node, "replay", u.replica,
+                        "seq " + std::to_string(u.seq) + " came before");
+        a.last_seq = u.seq;
         if (a.pending.size() >= st.opts.pending_limit) {
           refuse(self, u.node, "pending_full", u.replica,
                  "too many updates while the session is being checked");
@@ -320,7 +350,10 @@ control_actor::behavior_type control(control_actor::stateful_pointer<control_sta
              + "''s current session");
       }
     },
-    [self](metrics_atom) {
+    [self](metrics_atom) -> caf::result<std::string> {
+      auto sender = self->current_sender();
+      if (!sender || sender->node() != self->node())
+        return caf::sec::unexpected_message; // this node's own gateway asks, nobody else
       auto& st = self->state;
       wire::metrics_text m;
       for (const auto& [key, count] : st.refused)

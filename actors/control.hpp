@@ -53,7 +53,8 @@ struct control_options {
   std::map<std::string, std::set<std::string>> agent_addresses;
   std::size_t pending_limit = 1024; ///< updates held while a session is checked
   std::chrono::milliseconds handshake_timeout{10000};
-  std::size_t max_attempts = 64; ///< session attempts in progress at once
+  std::size_t max_attempts = 64;         ///< session attempts in progress at once
+  std::size_t max_attempts_per_peer = 4; ///< ... from one peer node
 };
 
 struct control_state {
@@ -61,7 +62,8 @@ struct control_state {
   struct session {
     std::uint64_t id = 0;
     forwarder_actor forwarder;
-    std::string key; ///< the session key its updates' MACs use
+    std::string key;            ///< the session key its updates' MACs use
+    std::uint64_t last_seq = 0; ///< updates must come with a higher one
   };
   /// A session that has said hello but is not accepted yet.
   struct attempt {
@@ -69,7 +71,8 @@ struct control_state {
     forwarder_actor forwarder;
     wire::session_transcript transcript;
     std::optional<wire::key_share> share;
-    std::string key;                     ///< set once the agent's proof checked out
+    std::string key; ///< set once the agent's proof checked out
+    std::uint64_t last_seq = 0;
     std::vector<replica_update> pending; ///< arrived while the address was checked
   };
   control_options opts;

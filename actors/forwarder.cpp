@@ -6,7 +6,7 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
-#include <random>
+#include <cstring>
 
 namespace llmgw {
 
@@ -14,12 +14,28 @@ namespace {
 
 using self_ptr = forwarder_actor::stateful_pointer<forwarder_state>;
 
+/// A session id nobody can guess (a control node tells a forwarder its
+/// session ended by naming it).
 std::uint64_t new_session_id() {
-  static thread_local std::mt19937_64 rng{std::random_device{}()};
   std::uint64_t id = 0;
-  while (id == 0)
-    id = rng();
+  while (id == 0) {
+    auto bytes = wire::random_bytes(sizeof id);
+    std::memcpy(&id, bytes.data(), sizeof id);
+  }
   return id;
+}
+
+/// True if the message being handled comes from `self`'s own timers: its
+/// handle crossed nodes (in every hello), so a peer can send it anything
+/// its interface names.
+bool from_itself(self_ptr self) {
+  return self->current_sender().get() == self->ctrl();
+}
+
+/// True if it comes from an actor of this node (the connector).
+bool from_this_node(self_ptr self) {
+  const auto& sender = self->current_sender();
+  return sender && sender->node() == self->node();
 }
 
 bool is_empty(const replica_update& u) {
@@ -190,6 +206,8 @@ forwarder_actor::behavior_type forwarder(forwarder_actor::stateful_pointer<forwa
   try_connect(self);
   return {
     [self](connected_atom, const caf::strong_actor_ptr& control) {
+      if (!from_this_node(self))
+        return;
       auto& st = self->state;
       st.connecting = false;
       if (st.control)
@@ -201,10 +219,14 @@ forwarder_actor::behavior_type forwarder(forwarder_actor::stateful_pointer<forwa
       start_session(self, caf::actor_cast<control_actor>(control));
     },
     [self](connect_atom) {
+      if (!from_itself(self))
+        return;
       self->state.connect_scheduled = false;
       try_connect(self);
     },
     [self](flush_atom) {
+      if (!from_itself(self))
+        return; // a flush from elsewhere would start a second timer chain
       auto& st = self->state;
       self->delayed_send(self, st.opts.flush_interval, flush_atom::value);
       if (!st.control || st.key.empty())
@@ -224,6 +246,8 @@ forwarder_actor::behavior_type forwarder(forwarder_actor::stateful_pointer<forwa
     },
     [self](const control_proof& proof) { on_proof(self, proof); },
     [self](timeout_atom, std::uint64_t session) {
+      if (!from_itself(self))
+        return;
       auto& st = self->state;
       if (!st.control || session != st.window.session() || !st.key.empty())
         return; // that session is over, or its handshake finished
@@ -232,7 +256,12 @@ forwarder_actor::behavior_type forwarder(forwarder_actor::stateful_pointer<forwa
                 st.opts.handshake_timeout.count());
       end_session(self);
     },
-    [self](const session_ack& ack) { self->state.window.ack(ack.session, ack.seq); },
+    [self](const session_ack& ack) {
+      auto& st = self->state;
+      auto sender = self->current_sender();
+      if (st.control && sender && sender->get()->address() == st.control.address())
+        st.window.ack(ack.session, ack.seq); // only the control node frees its window
+    },
     [self](refused_atom, std::uint64_t session, const std::string& why) {
       auto& st = self->state;
       if (!st.control || session != st.window.session())

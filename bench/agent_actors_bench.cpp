@@ -70,7 +70,7 @@ int run_agent_actors_bench(int rounds) {
   fo.node = "agent-a";
   fo.control = "bench";
   auto connect = [control](const forwarder_actor& f) {
-    caf::anon_send(f, connected_atom::value, caf::actor_cast<caf::strong_actor_ptr>(control));
+    caf::send_as(f, f, connected_atom::value, caf::actor_cast<caf::strong_actor_ptr>(control));
   };
   auto fwd =
     sys.spawn(forwarder, fo, std::vector<mirror_entry>{{"r0", m}}, connect_function(connect));

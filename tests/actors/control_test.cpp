@@ -490,3 +490,59 @@ TEST_F(identity_test, unfinished_attempts_are_bounded_and_forgotten) {
   auto again = connect("agent-b", 71, creds.of("agent-b"));
   EXPECT_TRUE(again.log->refusals.empty());
 }
+
+TEST_F(identity_test, a_hello_cannot_get_another_forwarder_told_its_session_ended) {
+  auto b = genuine_b();
+  // Another peer says hello with b's session id, naming b's forwarder.
+  auto other = forwarder_for("zzz", b.session);
+  auto share = wire::key_share::make();
+  caf::send_as(other.fwd, ctl,
+               agent_hello{"zzz", b.session, {}, share->nonce(), share->public_key()}, b.fwd);
+  sched.run();
+  EXPECT_TRUE(b.log->refusals.empty()) << "the forwarder named is told nothing";
+  ASSERT_EQ(other.log->refusals.size(), 1u) << "the sender is";
+  EXPECT_EQ(other.log->refusals[0], "the hello names another forwarder than its sender");
+  send(b, "b0", {8}, false);
+  EXPECT_EQ(blocks_of("b0"), 2u) << "b's session goes on";
+}
+
+TEST_F(identity_test, a_relayed_update_passed_on_twice_is_refused) {
+  auto b = genuine_b();
+  auto u = update(b, "b0", {11}, false);
+  send_raw(b, u);
+  EXPECT_EQ(blocks_of("b0"), 2u);
+  auto acks = b.log->acks.size();
+  auto wipe = update(b, "b0", {}, true); // a full copy: "b0 holds nothing"
+  send_raw(b, wipe);
+  EXPECT_EQ(blocks_of("b0"), 0u);
+  send(b, "b0", {12, 13});
+  EXPECT_EQ(blocks_of("b0"), 2u);
+  send_raw(b, wipe); // the old, genuine full copy again
+  EXPECT_EQ(blocks_of("b0"), 2u) << "a replay does not revert the replica";
+  EXPECT_EQ(refused("agent-b", "replay"), 1u);
+  EXPECT_EQ(b.log->acks.size(), acks + 2) << "a replay is not acknowledged";
+}
+
+TEST_F(identity_test, one_peer_cannot_fill_the_attempts_table) {
+  start(tls_cluster(), creds.of("control-1")); // max_attempts 3
+  sched.run();                                 // the actor takes its options when it first runs
+  control_st().opts.max_attempts_per_peer = 2;
+  std::vector<agent> waiting;
+  for (std::uint64_t i = 0; i < 2; ++i) {
+    waiting.push_back(forwarder_for("agent-b", 80 + i));
+    auto share = wire::key_share::make();
+    caf::send_as(waiting.back().fwd, ctl,
+                 agent_hello{"agent-b", 80 + i, {}, share->nonce(), share->public_key()},
+                 waiting.back().fwd);
+  }
+  sched.run();
+  auto third = connect("agent-b", 82, creds.of("agent-b"));
+  ASSERT_EQ(third.log->refusals.size(), 1u) << "all the actors here share one node";
+  EXPECT_EQ(third.log->refusals[0], "2 session attempts of this peer are in progress");
+  // Nobody but the control actor itself ends an attempt by its timer.
+  ASSERT_EQ(control_st().attempts.count(80), 1u);
+  auto stranger = forwarder_for("x", 0);
+  caf::send_as(stranger.fwd, ctl, timeout_atom::value, std::uint64_t{80});
+  sched.run();
+  EXPECT_EQ(control_st().attempts.count(80), 1u);
+}

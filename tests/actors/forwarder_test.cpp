@@ -35,9 +35,9 @@ struct forwarder_test : llmgw::test::deterministic {
     opts.identity = std::move(identity);
     auto connect = [this](const forwarder_actor& f) {
       ++connect_calls;
-      caf::anon_send(f, connected_atom::value,
-                     reachable ? caf::actor_cast<caf::strong_actor_ptr>(control)
-                               : caf::strong_actor_ptr{});
+      caf::send_as(f, f, connected_atom::value,
+                   reachable ? caf::actor_cast<caf::strong_actor_ptr>(control)
+                             : caf::strong_actor_ptr{});
     };
     auto f = sys.spawn(forwarder, opts, std::vector<mirror_entry>{{"r0", m0}, {"r1", m1}},
                        connect_function(connect));
@@ -118,10 +118,13 @@ TEST_F(forwarder_test, a_full_window_stops_draining_until_acked) {
   flush();
   EXPECT_EQ(log->updates.size(), 2u) << "window full: the change waits in the mirror";
   auto session = log->updates.back().session;
-  caf::anon_send(f, session_ack{session + 1, 2}); // another session's ack: ignored
+  caf::send_as(control, f, session_ack{session + 1, 2}); // another session's ack: ignored
   flush();
   EXPECT_EQ(log->updates.size(), 2u);
-  caf::anon_send(f, session_ack{session, 2});
+  caf::anon_send(f, session_ack{session, 2}); // not from the control node: ignored
+  flush();
+  EXPECT_EQ(log->updates.size(), 2u);
+  caf::send_as(control, f, session_ack{session, 2});
   flush();
   ASSERT_EQ(log->updates.size(), 3u) << "room again: the waiting change goes out";
   EXPECT_EQ(log->updates.back().replica, "r0");
@@ -283,4 +286,25 @@ TEST_F(forwarder_test, a_handshake_that_never_finishes_is_given_up) {
   sched.advance_time(500ms);
   sched.run();
   EXPECT_EQ(log->hellos.size(), 2u) << "and tried again";
+}
+
+TEST_F(forwarder_test, only_its_own_timers_drive_it) {
+  apply(m0, s1[0]);
+  auto f = start();
+  auto sent = log->updates.size();
+  auto timers = sched.clock().schedule().size();
+  // A peer that has the forwarder's handle (every control node does) sends
+  // it its own timer messages.
+  for (int i = 0; i < 5; ++i)
+    caf::send_as(control, f, flush_atom::value);
+  caf::send_as(control, f, connect_atom::value);
+  sched.run();
+  EXPECT_EQ(sched.clock().schedule().size(), timers)
+    << "each injected flush would have started a timer chain of its own";
+  apply(m0, s1[1]);
+  flush(); // the forwarder's own timer
+  EXPECT_EQ(log->updates.size(), sent + 1) << "one drain per flush interval, as before";
+  flush();
+  EXPECT_EQ(log->updates.size(), sent + 1) << "no second timer chain was started";
+  EXPECT_EQ(connect_calls, 1);
 }
