@@ -26,11 +26,13 @@
 //    socket of one still pending after handshake_timeout: CAF sees the end
 //    of the stream, fails the handshake and frees the connection.
 //
-// 3. BASP payloads. CAF sizes its read buffer from the payload length a
-//    header announces. SSL_read follows each connection's BASP framing
-//    (wire::basp_frame_guard) and fails the read of a header that announces
-//    more than llmgw ever sends: CAF closes the connection before it
-//    allocates.
+// 3. BASP messages. CAF sizes its read buffer from the payload length a
+//    header announces, and believes the node a routed, monitor or down
+//    message says it speaks for. SSL_read follows each connection's BASP
+//    framing (wire::basp_frame_guard) and fails the read of a header that
+//    announces more than llmgw ever sends, of a routed message, and of a
+//    monitor or down message for another node than the connection's: CAF
+//    closes the connection before it allocates or believes it.
 //
 // Per-connection state hangs off the SSL object (ex_data), freed with it.
 #include "wire/burst_log.hpp"
@@ -198,9 +200,20 @@ int SSL_read(SSL* ssl, void* buf, int num) {
   int n = real(ssl, buf, num);
   if (n > 0
       && !guard_of(ssl).feed(static_cast<const unsigned char*>(buf), static_cast<std::size_t>(n))) {
-    ++llmgw::wire::node_port_counters().payloads_refused;
-    note("payload_too_large", SSL_get_fd(ssl),
-         "a message header announced " + std::to_string(guard_of(ssl).refused_length()) + " bytes");
+    using verdict = llmgw::wire::basp_frame_guard::verdict;
+    const auto& g = guard_of(ssl);
+    auto& counts = llmgw::wire::node_port_counters();
+    if (g.why() == verdict::too_large) {
+      ++counts.payloads_refused;
+      note("payload_too_large", SSL_get_fd(ssl),
+           "a message header announced " + std::to_string(g.refused_length()) + " bytes");
+    } else {
+      ++counts.messages_refused;
+      note("message", SSL_get_fd(ssl),
+           g.why() == verdict::routed          ? "a routed message (llmgw's nodes talk directly)"
+           : g.why() == verdict::not_handshake ? "the first message was no handshake"
+                                               : "a monitor or down message for another node");
+    }
     cut(ssl);
     return -1; // SSL_get_error: a syscall error; CAF closes the connection
   }

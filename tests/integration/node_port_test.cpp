@@ -5,6 +5,10 @@
 #include "tests/integration/test_cluster.hpp"
 #include "wire/pki.hpp"
 
+#include <caf/binary_serializer.hpp>
+#include <caf/node_id.hpp>
+#include <caf/optional.hpp>
+
 #include <gtest/gtest.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
@@ -134,4 +138,71 @@ TEST(node_port, a_header_announcing_a_huge_payload_drops_the_peer_before_it_allo
   std::fprintf(stderr, "control-1 resident: %.0f MiB before, %.0f MiB after\n", before, after);
   EXPECT_LT(after, before + 256) << "CAF did not size a buffer from the header";
   EXPECT_TRUE(c.wait_ready("control-1", 5s)) << "and serves on";
+}
+
+namespace {
+
+/// A BASP header as CAF 0.17.6 writes it.
+std::string basp_header(std::uint8_t operation, std::uint32_t payload, std::uint64_t source = 0) {
+  std::string h(32, '\0');
+  h[0] = static_cast<char>(operation);
+  for (int i = 0; i < 4; ++i)
+    h[4 + static_cast<std::size_t>(i)] = static_cast<char>((payload >> (24 - 8 * i)) & 0xff);
+  for (int i = 0; i < 8; ++i)
+    h[16 + static_cast<std::size_t>(i)] = static_cast<char>((source >> (56 - 8 * i)) & 0xff);
+  return h;
+}
+
+/// A node id as CAF writes it.
+std::string node_bytes(std::uint32_t pid, const std::string& host_hex) {
+  std::vector<char> out;
+  caf::binary_serializer sink{static_cast<caf::execution_unit*>(nullptr), out};
+  auto id = caf::make_node_id(pid, host_hex);
+  EXPECT_TRUE(id);
+  EXPECT_FALSE(sink(*id));
+  return std::string(out.begin(), out.end());
+}
+
+} // namespace
+
+TEST(node_port, a_down_message_for_another_node_drops_the_peer) {
+  test_cluster c({{"control-1", true, false, "127.0.0.1", {}},
+                  {"agent-a", false, true, "127.0.0.1", {{"a0", "S1_basic.map.int.json"}}}});
+  c.start("control-1");
+  ASSERT_TRUE(c.wait_ready("control-1", 10s)) << c.log_of("control-1");
+  c.start("agent-a");
+  ASSERT_TRUE(test_cluster::eventually(
+    [&] { return c.metric("control-1", "llmgw_agent_connected{node=\"agent-a\"}") == 1; }, 10s));
+  // A peer with a valid certificate says who it is, then says an actor of
+  // another node died: CAF would kill its proxy of that actor (an agent's
+  // forwarder: its session would be dropped).
+  auto files = llmgw::wire::credentials_in(c.dir(), "control-1");
+  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+  ASSERT_EQ(SSL_CTX_use_certificate_file(ctx, files.cert.c_str(), SSL_FILETYPE_PEM), 1);
+  ASSERT_EQ(SSL_CTX_use_PrivateKey_file(ctx, files.key.c_str(), SSL_FILETYPE_PEM), 1);
+  int fd = connect_to(c.caf_port("control-1"));
+  SSL* ssl = SSL_new(ctx);
+  SSL_set_fd(ssl, fd);
+  ASSERT_EQ(SSL_connect(ssl), 1);
+  auto me = node_bytes(4242, "0123456789abcdef0123456789abcdef01234567");
+  auto other = node_bytes(777, "fedcba9876543210fedcba9876543210fedcba98");
+  ASSERT_EQ(me.size(), 32u);
+  auto bytes = basp_header(1, static_cast<std::uint32_t>(me.size())) + me + basp_header(5, 70, 1)
+               + other + std::string(38, '\0');
+  ASSERT_EQ(SSL_write(ssl, bytes.data(), static_cast<int>(bytes.size())),
+            static_cast<int>(bytes.size()));
+  char buf[4096];
+  int n;
+  while ((n = SSL_read(ssl, buf, sizeof buf)) > 0) {
+  }
+  EXPECT_LE(n, 0) << "the node dropped the peer";
+  SSL_free(ssl);
+  ::close(fd);
+  SSL_CTX_free(ctx);
+  EXPECT_EQ(c.metric("control-1", "llmgw_node_port_refused_total{reason=\"message\"}"), 1);
+  EXPECT_NE(c.log_of("control-1").find("a monitor or down message for another node"),
+            std::string::npos)
+    << c.log_of("control-1");
+  EXPECT_EQ(c.metric("control-1", "llmgw_agent_connected{node=\"agent-a\"}"), 1)
+    << "the agent's session goes on";
 }

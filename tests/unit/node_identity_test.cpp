@@ -195,3 +195,35 @@ TEST(node_identity, a_host_name_in_a_certificate_names_no_node) {
     node_identity::load("gpu-1", dir + "/gpu-2.pem", dir + "/gpu-2.key", dir + "/ca.pem"));
   std::system(("rm -rf " + dir).c_str());
 }
+
+TEST(basp_frame_guard, messages_that_speak_for_another_node_are_refused) {
+  auto header = [](std::uint8_t operation, std::uint32_t payload) {
+    auto h = basp_header(payload);
+    h[0] = static_cast<char>(operation);
+    return h;
+  };
+  std::string node_a(32, 'a'), node_b(32, 'b');
+  std::string hello = header(1, 32) + node_a; // a client handshake naming node a
+  wire::basp_frame_guard ok(1024, 1024);
+  EXPECT_TRUE(feed(ok,
+                   hello + header(2, 4) + "data" + header(6, 0) + header(5, 70) + node_a
+                     + std::string(38, 'x'),
+                   3))
+    << "a down message for the connection's own node";
+  wire::basp_frame_guard forged(1024, 1024);
+  EXPECT_FALSE(feed(forged, hello + header(5, 70) + node_b + std::string(38, 'x'), 5));
+  EXPECT_EQ(forged.why(), wire::basp_frame_guard::verdict::forged_source);
+  wire::basp_frame_guard monitor(1024, 1024);
+  EXPECT_FALSE(feed(monitor, hello + header(4, 64) + node_b + node_a, 64));
+  EXPECT_EQ(monitor.why(), wire::basp_frame_guard::verdict::forged_source);
+  wire::basp_frame_guard routed(1024, 1024);
+  EXPECT_FALSE(feed(routed, hello + header(3, 64) + node_a + node_b, 1));
+  EXPECT_EQ(routed.why(), wire::basp_frame_guard::verdict::routed);
+  wire::basp_frame_guard direct(1024, 1024);
+  EXPECT_FALSE(feed(direct, header(2, 4) + "data", 32));
+  EXPECT_EQ(direct.why(), wire::basp_frame_guard::verdict::not_handshake)
+    << "no message before the handshake";
+  wire::basp_frame_guard short_down(1024, 1024);
+  EXPECT_FALSE(feed(short_down, hello + header(5, 8) + "12345678", 32));
+  EXPECT_EQ(short_down.why(), wire::basp_frame_guard::verdict::forged_source);
+}
