@@ -18,7 +18,13 @@
 //    CAF dropped that connection (seen in the cluster tests: killing one
 //    agent cut another agent's session about one run in four).
 //
-// 2. Handshakes (wire/node_port_guard.hpp). CAF keeps an accepted connection
+// 2. Certificates. CAF accepts any certificate the cluster CA signed. As a
+//    TLS handshake ends (SSL_accept or SSL_connect returns 1), the peer's
+//    certificate must name a node of the topology by its CN and, if that
+//    node lists fingerprints, be one of them: a revoked key, or a
+//    certificate the CA issued for something else, does not reach CAF.
+//
+// 3. Handshakes (wire/node_port_guard.hpp). CAF keeps an accepted connection
 //    that never starts or finishes TLS forever (13.5k of them cost 90% of a
 //    core and 530 MB). The first SSL_accept of a connection (CAF calls it as
 //    it accepts) registers it; more than max_pending_handshakes at once are
@@ -26,7 +32,7 @@
 //    socket of one still pending after handshake_timeout: CAF sees the end
 //    of the stream, fails the handshake and frees the connection.
 //
-// 3. BASP messages. CAF sizes its read buffer from the payload length a
+// 4. BASP messages. CAF sizes its read buffer from the payload length a
 //    header announces, and believes the node a routed, monitor or down
 //    message says it speaks for. SSL_read follows each connection's BASP
 //    framing (wire::basp_frame_guard) and fails the read of a header that
@@ -190,6 +196,31 @@ void cut(SSL* ssl) {
     ::shutdown(fd, SHUT_RDWR);
 }
 
+/// After a finished handshake: true if the peer's certificate is one of a
+/// topology node's (llmgw::wire::check_node_certificate); else the
+/// connection is cut, counted and logged.
+bool peer_allowed(SSL* ssl) {
+  const auto& limits = llmgw::wire::node_port_settings();
+  if (limits.nodes.empty())
+    return true;
+  std::string der;
+  if (X509* peer = SSL_get0_peer_certificate(ssl)) {
+    unsigned char* buf = nullptr;
+    int len = i2d_X509(peer, &buf);
+    if (len > 0)
+      der.assign(reinterpret_cast<const char*>(buf), static_cast<std::size_t>(len));
+    OPENSSL_free(buf);
+  }
+  auto why =
+    der.empty() ? std::string("no certificate") : llmgw::wire::check_node_certificate(limits, der);
+  if (why.empty())
+    return true;
+  ++llmgw::wire::node_port_counters().certificates_refused;
+  note("certificate", SSL_get_fd(ssl), why);
+  cut(ssl);
+  return false;
+}
+
 } // namespace
 
 extern "C" {
@@ -229,7 +260,10 @@ int SSL_write(SSL* ssl, const void* buf, int num) {
 int SSL_connect(SSL* ssl) {
   static auto real = real_function<int (*)(SSL*)>("SSL_connect");
   ERR_clear_error();
-  return real(ssl);
+  int r = real(ssl);
+  if (r == 1 && !peer_allowed(ssl))
+    return -1; // CAF fails the connection
+  return r;
 }
 
 int SSL_accept(SSL* ssl) {
@@ -254,8 +288,11 @@ int SSL_accept(SSL* ssl) {
   }
   ERR_clear_error();
   int r = real(ssl);
-  if (r == 1)
+  if (r == 1) {
     h.forget(ssl);
+    if (!peer_allowed(ssl))
+      return -1; // CAF drops the connection
+  }
   return r;
 }
 

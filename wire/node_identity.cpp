@@ -71,16 +71,19 @@ ssl::x509_ptr x509_of(std::string_view der) {
 /// alternative name: those list the hosts a node is reached at, and `llmgw
 /// certs` gives every node all of them (nodes named after their hosts
 /// would each name them all).
-bool names(X509* x, const std::string& name) {
+std::optional<std::string> cn_of(X509* x) {
   auto* subject = X509_get_subject_name(x);
-  if (X509_NAME_entry_count(subject) == 0)
-    return false;
   int at = X509_NAME_get_index_by_NID(subject, NID_commonName, -1);
   if (at < 0 || X509_NAME_get_index_by_NID(subject, NID_commonName, at) >= 0)
-    return false; // no CN, or more than one: ambiguous
+    return std::nullopt; // no CN, or more than one: ambiguous
   const auto* cn = X509_NAME_ENTRY_get_data(X509_NAME_get_entry(subject, at));
-  return static_cast<std::size_t>(ASN1_STRING_length(cn)) == name.size()
-         && std::equal(name.begin(), name.end(), ASN1_STRING_get0_data(cn));
+  return std::string(reinterpret_cast<const char*>(ASN1_STRING_get0_data(cn)),
+                     static_cast<std::size_t>(ASN1_STRING_length(cn)));
+}
+
+bool names(X509* x, const std::string& name) {
+  auto cn = cn_of(x);
+  return cn && *cn == name;
 }
 
 const EVP_MD* digest_for(EVP_PKEY* key) {
@@ -331,6 +334,15 @@ peer_check node_identity::check_peer(std::string_view der, const std::string& ex
     return {"signature", "the signature does not verify with the certificate's key"};
   }
   return {};
+}
+
+std::optional<std::string> certificate_cn(std::string_view der) {
+  auto cert = x509_of(der);
+  if (!cert) {
+    ERR_clear_error();
+    return std::nullopt;
+  }
+  return cn_of(cert.get());
 }
 
 std::string certificate_names(const std::string& cert_path, const std::string& name) {

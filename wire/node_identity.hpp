@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -148,6 +149,10 @@ private:
 /// Why the certificate in PEM file `cert_path` does not name `name` (its one
 /// subject CN), or "" when it does; for `llmgw check`.
 std::string certificate_names(const std::string& cert_path, const std::string& name);
+
+/// The subject CN of a DER certificate: the node it names; nothing if it
+/// is not a certificate or has no single CN.
+std::optional<std::string> certificate_cn(std::string_view der);
 
 /// HMAC-SHA256 of `data` under a session key (32 bytes).
 std::string session_mac(std::string_view key, std::string_view data);

@@ -1,6 +1,8 @@
 #include "wire/node_port_guard.hpp"
 
+#include "wire/log.hpp"
 #include "wire/metrics_text.hpp"
+#include "wire/node_identity.hpp"
 
 #include <algorithm>
 #include <string>
@@ -23,13 +25,30 @@ void append_node_port_metrics(metrics_text& m) {
   for (auto [why, n] : {std::pair{"too_many_handshakes", port.handshakes_refused.load()},
                         {"handshake_timeout", port.handshakes_timed_out.load()},
                         {"payload_too_large", port.payloads_refused.load()},
-                        {"message", port.messages_refused.load()}})
+                        {"message", port.messages_refused.load()},
+                        {"certificate", port.certificates_refused.load()}})
     m.counter("llmgw_node_port_refused_total",
               "Connections to or from the node (CAF) port closed below CAF, by reason.",
               static_cast<double>(n), {{"reason", why}});
   m.gauge("llmgw_node_port_pending_handshakes",
           "Connections to the node port in their TLS handshake now.",
           static_cast<double>(port.pending_handshakes.load()));
+}
+
+std::string check_node_certificate(const node_port_limits& limits, std::string_view der) {
+  if (limits.nodes.empty())
+    return {};
+  auto name = certificate_cn(der);
+  if (!name)
+    return "the certificate names no node (no single subject CN)";
+  auto it = limits.nodes.find(*name);
+  if (it == limits.nodes.end())
+    return "the certificate names '" + log::printable(*name) + "', no node of the topology";
+  const auto& allowed = it->second;
+  auto fingerprint = fingerprint_of(der);
+  if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), fingerprint) == allowed.end())
+    return "certificate " + fingerprint + " is not among node '" + *name + "''s fingerprints";
+  return {};
 }
 
 void basp_frame_guard::refuse(verdict why, std::uint32_t length) {

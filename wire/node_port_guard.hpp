@@ -28,7 +28,10 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace llmgw::wire {
 
@@ -45,6 +48,11 @@ struct node_port_limits {
   /// The payload any later message may announce: above llmgw's largest
   /// message (a replica's full copy).
   std::uint32_t max_payload = 64u << 20;
+  /// The topology's nodes and the certificates each may present (empty: any
+  /// the CA signed). When not empty, a TLS peer whose certificate's CN is no
+  /// node, or not one of that node's, is cut off as its handshake ends:
+  /// a revoked key does not even reach CAF.
+  std::map<std::string, std::vector<std::string>> nodes;
 };
 
 /// What the hooks refused, for /metrics.
@@ -53,6 +61,7 @@ struct node_port_counts {
   std::atomic<std::uint64_t> handshakes_timed_out{0}; ///< past handshake_timeout
   std::atomic<std::uint64_t> payloads_refused{0};     ///< a header over the payload limit
   std::atomic<std::uint64_t> messages_refused{0};     ///< routed, forged source, no handshake
+  std::atomic<std::uint64_t> certificates_refused{0}; ///< no node's, or not among its fingerprints
   std::atomic<std::uint64_t> pending_handshakes{0};   ///< in progress now
 };
 
@@ -66,6 +75,10 @@ class metrics_text;
 
 /// The counts as Prometheus text (llmgw_node_port_*).
 void append_node_port_metrics(metrics_text& m);
+
+/// Why a TLS peer's certificate (DER) is not one `limits.nodes` allows, or
+/// "" (also when nodes is empty).
+std::string check_node_certificate(const node_port_limits& limits, std::string_view der);
 
 /// Follows one peer's BASP byte stream, as TLS hands it over in pieces of
 /// any size, and refuses it at the first header that announces more payload

@@ -167,6 +167,10 @@ struct topology_options {
   /// Check that TLS files exist and fit together. Off only for `llmgw up`,
   /// which makes a local cluster's certificates before the strict check.
   bool check_tls_files = true;
+  /// When set, only this node's certificate and key are checked: what
+  /// `llmgw node` loads. A node's host holds its own key and no other node's
+  /// (holding X's key is being X); `llmgw check` checks them all.
+  std::string tls_files_of;
 };
 
 /// Reads and checks a topology file.

@@ -19,8 +19,9 @@ std::string roles_of(const wire::node_spec& n) {
 
 } // namespace
 
-bool load_or_report(const std::string& path, wire::topology& out, const char* command) {
-  auto loaded = wire::load_topology(path);
+bool load_or_report(const std::string& path, wire::topology& out, const char* command,
+                    const wire::topology_options& opts) {
+  auto loaded = wire::load_topology(path, opts);
   if (!loaded.value) {
     fmt::print(stderr, "llmgw {}: {} has {} problem{}:\n", command, path, loaded.problems.size(),
                loaded.problems.size() == 1 ? "" : "s");

@@ -2,11 +2,9 @@
 // and runs when selected; main() only dispatches.
 #pragma once
 
-#include <string>
+#include "wire/topology.hpp"
 
-namespace llmgw::wire {
-struct topology;
-} // namespace llmgw::wire
+#include <string>
 
 namespace CLI {
 class App;
@@ -32,8 +30,9 @@ void add_up_command(CLI::App& app, int& exit_code);
 /// `llmgw events`: prints an engine's KV event stream as JSON lines.
 void add_events_command(CLI::App& app, int& exit_code);
 
-/// Loads a topology; on problems prints them all (prefixed "llmgw COMMAND")
-/// and returns false.
-bool load_or_report(const std::string& path, wire::topology& out, const char* command);
+/// Loads a topology (checking the TLS files `opts` asks for); on problems
+/// prints them all (prefixed "llmgw COMMAND") and returns false.
+bool load_or_report(const std::string& path, wire::topology& out, const char* command,
+                    const wire::topology_options& opts = {});
 
 } // namespace llmgw::apps

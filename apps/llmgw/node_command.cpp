@@ -136,6 +136,9 @@ int run_node(const wire::topology& topo_in, const std::string& name, std::size_t
   auto& port_limits = wire::node_port_settings();
   port_limits.handshake_timeout = topo->tls_handshake_timeout;
   port_limits.max_pending_handshakes = topo->max_pending_handshakes;
+  if (!topo->plaintext) // TLS peers: only the topology's nodes, with their certificates
+    for (const auto& n : topo->nodes)
+      port_limits.nodes[n.name] = n.fingerprints;
   node_config cfg(*topo, *node, threads);
   // Removes the engines' socket folder after the actor system (declared
   // after this) has waited for every actor.
@@ -274,7 +277,9 @@ void add_node_command(CLI::App& app, int& exit_code) {
     if (opts->debug)
       log::threshold = static_cast<int>(log::level::debug);
     wire::topology topo;
-    if (!load_or_report(opts->config, topo, "node")) {
+    wire::topology_options only_mine; // this host has this node's key, no other
+    only_mine.tls_files_of = opts->node;
+    if (!load_or_report(opts->config, topo, "node", only_mine)) {
       exit_code = 2;
       return;
     }

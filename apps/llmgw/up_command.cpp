@@ -219,7 +219,7 @@ struct up_options {
 };
 
 int run_up(const up_options& o) {
-  auto lenient = wire::load_topology(o.config, wire::topology_options{false});
+  auto lenient = wire::load_topology(o.config, wire::topology_options{false, {}});
   if (!lenient.value) {
     fmt::print(stderr, "llmgw up: {} has problems:\n", o.config);
     for (const auto& p : lenient.problems)

@@ -206,3 +206,62 @@ TEST(node_port, a_down_message_for_another_node_drops_the_peer) {
   EXPECT_EQ(c.metric("control-1", "llmgw_agent_connected{node=\"agent-a\"}"), 1)
     << "the agent's session goes on";
 }
+
+namespace {
+
+/// Connects with the certificate and key in `dir` of `name`; true if the
+/// node lets the connection live past its TLS handshake (it answers with
+/// its BASP handshake), false if it cuts it off.
+bool tls_peer_admitted(test_cluster& c, const std::string& dir, const std::string& name) {
+  auto files = llmgw::wire::credentials_in(dir, name);
+  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+  SSL_CTX_use_certificate_file(ctx, files.cert.c_str(), SSL_FILETYPE_PEM);
+  SSL_CTX_use_PrivateKey_file(ctx, files.key.c_str(), SSL_FILETYPE_PEM);
+  int fd = connect_to(c.caf_port("control-1"));
+  SSL* ssl = SSL_new(ctx);
+  SSL_set_fd(ssl, fd);
+  bool admitted = false;
+  if (SSL_connect(ssl) == 1) {
+    char buf[64];
+    admitted = SSL_read(ssl, buf, sizeof buf) > 0; // CAF's server handshake
+  }
+  SSL_free(ssl);
+  ::close(fd);
+  SSL_CTX_free(ctx);
+  return admitted;
+}
+
+} // namespace
+
+TEST(node_port, only_the_topologys_certificates_get_past_tls) {
+  std::vector<llmgw::test::test_node_spec> nodes{
+    {"control-1", true, false, "127.0.0.1", {}},
+    {"agent-a", false, true, "127.0.0.1", {{"a0", "S1_basic.map.int.json"}}}};
+  test_cluster c(nodes);
+  // The control node's topology revokes agent-a's certificate: it lists
+  // another one.
+  auto revoking = nodes;
+  revoking[1].fingerprints = {"sha256:" + std::string(64, 'a')};
+  auto file = c.write_topology(revoking, "revoking.toml");
+  c.start("control-1", file);
+  ASSERT_TRUE(c.wait_ready("control-1", 10s)) << c.log_of("control-1");
+  // A certificate the cluster's CA issued for something that is no node.
+  ASSERT_EQ(llmgw::wire::issue_node_certificate(c.dir(), "intruder", {"127.0.0.1"}), "");
+  EXPECT_FALSE(tls_peer_admitted(c, c.dir(), "intruder"));
+  EXPECT_FALSE(tls_peer_admitted(c, c.dir(), "agent-a")) << "revoked";
+  EXPECT_TRUE(tls_peer_admitted(c, c.dir(), "control-1")) << "a node of the topology";
+  EXPECT_EQ(c.metric("control-1", "llmgw_node_port_refused_total{reason=\"certificate\"}"), 2);
+  auto log = c.log_of("control-1");
+  EXPECT_NE(log.find("the certificate names 'intruder', no node of the topology"),
+            std::string::npos)
+    << log;
+  // (agent-a's refusal a moment later is not logged: once per burst)
+  c.start("agent-a"); // its own topology lists no fingerprints: it tries
+  EXPECT_TRUE(test_cluster::eventually(
+    [&] {
+      return c.metric("control-1", "llmgw_node_port_refused_total{reason=\"certificate\"}") >= 3;
+    },
+    10s))
+    << "the revoked agent is cut off at TLS, again and again";
+  EXPECT_EQ(c.metric("control-1", "llmgw_agent_connected{node=\"agent-a\"}"), 0);
+}

@@ -155,6 +155,8 @@ std::string test_cluster::write_topology(const std::vector<test_node_spec>& node
     if (n.control)
       t += fmt::format("port = {}\nhttp = \"127.0.0.1:{}\"\n", caf_ports_.at(n.name),
                        http_ports_.at(n.name));
+    if (!n.fingerprints.empty())
+      t += fmt::format("fingerprints = [\"{}\"]\n", fmt::join(n.fingerprints, "\", \""));
     for (const auto& e : n.engines) {
       std::vector<std::string> lora;
       for (const auto& l : e.lora)

@@ -44,6 +44,7 @@ struct test_node_spec {
   bool agent = false;
   std::string host = "127.0.0.1";
   std::vector<test_engine_spec> engines;
+  std::vector<std::string> fingerprints = {}; ///< the certificates it may present (empty: any)
 };
 
 class test_cluster {

@@ -437,3 +437,27 @@ TEST(topology, dotted_keys_too_long_to_parse_in_time_are_refused) {
                       "model = \"" + std::string(100, '.') + "\" # " + std::string(100, '.'));
   EXPECT_TRUE(parse(text).value) << "dots in strings and comments are fine";
 }
+
+TEST(topology, a_node_checks_its_own_key_and_needs_no_other_nodes) {
+  // On control-1's host there is no agent-a key: holding it would be being
+  // agent-a.
+  auto text = replace(valid_text(), "key = \"agent-a.key\"", "key = \"not-here.key\"");
+  auto all = parse(text);
+  EXPECT_FALSE(all.value) << "llmgw check looks at every node's files";
+  topology_options mine;
+  mine.tls_files_of = "control-1";
+  auto own = parse_topology(text, pki().dir + "/cluster.toml", mine);
+  EXPECT_TRUE(own.value) << (own.problems.empty() ? "" : own.problems[0].to_string());
+  mine.tls_files_of = "agent-a";
+  EXPECT_FALSE(parse_topology(text, pki().dir + "/cluster.toml", mine).value);
+}
+
+TEST(topology, text_that_is_not_utf8_is_refused_before_toml11_reads_past_it) {
+  // The fuzzer's finding: toml11 read past its buffer on this.
+  auto p = problems_of("a = '\xdb'\n");
+  EXPECT_TRUE(has_problem(p, 1, "not UTF-8 here"));
+  p = problems_of("# fine\nname = \"\xc3\x28\"\n");
+  EXPECT_TRUE(has_problem(p, 2, "not UTF-8 here"));
+  auto text = replace(valid_text(), "model = \"llama\"", "model = \"llama \xc3\xa9\xe2\x82\xac\"");
+  EXPECT_TRUE(parse(text).value) << "valid UTF-8 is fine";
+}
