@@ -352,7 +352,9 @@ bool gateway::handle_admin(const std::string& path, const http_request& req,
 void gateway::handle(http_request&& req, http_responder respond) {
   auto path = req.target.substr(0, req.target.find('?'));
   auto method_is = [&](const char* m) { return llmgw::method_is(req, path, m, respond); };
-  if (handle_admin(path, req, respond))
+  // With an admin listener, what the node knows of its replicas and its
+  // counters stays off the clients' port; health answers on both.
+  if ((!admin_ || path == "/healthz") && handle_admin(path, req, respond))
     return;
   if (path == "/v1/models") {
     if (method_is("GET"))

@@ -17,8 +17,9 @@
 //                          replica's tier-1 and tier-2 score, nothing proxied
 // Errors the gateway makes itself are OpenAI-style JSON. With an admin
 // address, a second listener with connections of its own serves /healthz,
-// /metrics and /v1/kv/replicas only: probes and scrapes get through however
-// many connections clients hold on the gateway's port.
+// /metrics and /v1/kv/replicas (and the gateway's port no longer serves the
+// last two): probes and scrapes get through however many connections
+// clients hold on the gateway's port, and clients do not see the index.
 //
 // Routing a request (route_flow): take the prompt's token ids, or its tokens
 // from the cache, or tokenize through the tokenizer; hash the blocks and the

@@ -80,7 +80,8 @@ struct shared_state {
   std::mutex mtx;
   bool alive = true; ///< guarded by mtx
   std::mutex clients_mtx;
-  std::unordered_map<std::string, std::size_t> clients; ///< open connections per address
+  std::unordered_map<std::string, std::size_t> clients;       ///< open connections per address
+  std::unordered_map<std::string, std::size_t> client_bodies; ///< body bytes held per address
   wire::burst_log refusal_log; ///< refusals are logged once per burst of a reason
 
   /// Counts a connection from `address`; false if that address is at its cap.
@@ -101,6 +102,27 @@ struct shared_state {
     auto it = clients.find(address);
     if (it != clients.end() && --it->second == 0)
       clients.erase(it);
+  }
+
+  /// Counts `bytes` of request bodies for `address`; false if that would
+  /// take it past `share`.
+  bool hold_body(const std::string& address, std::size_t bytes, std::size_t share) {
+    std::lock_guard<std::mutex> g(clients_mtx);
+    auto& held = client_bodies[address];
+    if (held + bytes > share) {
+      if (held == 0)
+        client_bodies.erase(address);
+      return false;
+    }
+    held += bytes;
+    return true;
+  }
+
+  void release_body(const std::string& address, std::size_t bytes) {
+    std::lock_guard<std::mutex> g(clients_mtx);
+    auto it = client_bodies.find(address);
+    if (it != client_bodies.end() && (it->second -= bytes) == 0)
+      client_bodies.erase(it);
   }
 };
 
@@ -399,20 +421,29 @@ private:
       need = srv_->limits.max_body_bytes;
     if (need == 0)
       return true;
+    auto refuse = [&](const std::string& why) {
+      ++srv_->counters.over_body_budget;
+      note_refusal("over_body_budget", why);
+      keep_alive_ = false;
+      write_whole(http_reply{503,
+                             "application/json",
+                             wire::openai_error_json("the server holds as many request bodies "
+                                                     "as it may; retry shortly",
+                                                     "ServiceUnavailableError", 503),
+                             {{"Retry-After", "1"}}});
+      return false;
+    };
+    // One address gets an eighth of the budget (at least one whole body):
+    // one client cannot hold it all with bodies it never finishes sending.
+    auto share = std::max(srv_->limits.max_body_bytes, budget / 8);
+    if (!srv_->hold_body(client_, need, share))
+      return refuse("this address holds its share of the bodies");
     auto& held = srv_->counters.buffered_body_bytes;
     auto now = held.load();
     do {
       if (now + need > budget) {
-        ++srv_->counters.over_body_budget;
-        note_refusal("over_body_budget", std::to_string(now) + " bytes of bodies held");
-        keep_alive_ = false;
-        write_whole(http_reply{503,
-                               "application/json",
-                               wire::openai_error_json("the server holds as many request bodies "
-                                                       "as it may; retry shortly",
-                                                       "ServiceUnavailableError", 503),
-                               {{"Retry-After", "1"}}});
-        return false;
+        srv_->release_body(client_, need);
+        return refuse(std::to_string(now) + " bytes of bodies held");
       }
     } while (!held.compare_exchange_weak(now, now + need));
     reserved_ = need;
@@ -421,8 +452,10 @@ private:
 
   /// Gives the body's share of the budget back (once).
   void release_body() {
-    if (reserved_ != 0)
+    if (reserved_ != 0) {
       srv_->counters.buffered_body_bytes -= reserved_;
+      srv_->release_body(client_, reserved_);
+    }
     reserved_ = 0;
   }
 

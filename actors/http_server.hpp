@@ -117,7 +117,8 @@ struct http_server_limits {
   /// Request bodies held at once, in bytes, from their head until their
   /// answer is out (0: no budget). Each body counts its Content-Length (a
   /// chunked one max_body_bytes) when its head arrives; one that does not
-  /// fit gets 503 with Retry-After before a byte of it is read.
+  /// fit gets 503 with Retry-After before a byte of it is read. One client
+  /// address may hold an eighth of it (at least max_body_bytes).
   std::size_t max_buffered_body_bytes = 0;
 };
 

@@ -61,6 +61,9 @@ void subscriber(caf::blocking_actor* self, const std::shared_ptr<subscriber_sock
   if (cfg.replay_available) {
     dealer.emplace(socket->context, zmq::socket_type::dealer);
     dealer->set(zmq::sockopt::linger, 0);
+    // Bounded as the live socket is: the replay endpoint is the engine's too.
+    dealer->set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(opts.max_message_bytes));
+    dealer->set(zmq::sockopt::rcvhwm, opts.queue_messages);
     dealer->connect(opts.replay);
   }
   auto last_error_log = std::chrono::steady_clock::time_point{};

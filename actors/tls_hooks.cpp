@@ -60,6 +60,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 namespace {
 
@@ -141,22 +142,26 @@ void reap() {
     auto limit = llmgw::wire::node_port_settings().handshake_timeout;
     auto now = clock_type::now();
     std::lock_guard<std::mutex> g(h.mtx);
+    std::vector<pending_handshake> expired;
     for (auto it = h.pending.begin(); it != h.pending.end();) {
       if (now - it->second.since < limit) {
         ++it;
         continue;
       }
-      // The entry goes when CAF frees the SSL object (under this lock), so
-      // the descriptor is still this connection's unless CAF closed it just
-      // now; the inode tells.
-      if (inode_of(it->second.fd) == it->second.inode) {
-        note("handshake_timeout", it->second.fd, "no TLS handshake in time");
-        ::shutdown(it->second.fd, SHUT_RDWR);
-      }
       ++llmgw::wire::node_port_counters().handshakes_timed_out;
+      expired.push_back(it->second);
       it = h.pending.erase(it);
     }
-    h.counted();
+    h.counted(); // counted before the peer can see its connection end
+    for (const auto& p : expired) {
+      // The entry went when CAF freed the SSL object (under this lock), so
+      // the descriptor is still this connection's unless CAF closed it just
+      // now; the inode tells.
+      if (inode_of(p.fd) == p.inode) {
+        note("handshake_timeout", p.fd, "no TLS handshake in time");
+        ::shutdown(p.fd, SHUT_RDWR);
+      }
+    }
   }
 }
 
@@ -200,6 +205,11 @@ void cut(SSL* ssl) {
 /// topology node's (llmgw::wire::check_node_certificate); else the
 /// connection is cut, counted and logged.
 bool peer_allowed(SSL* ssl) {
+  // Refused once, refused for good: CAF may call again (it can take the
+  // -1 for "wants to read"), and the peer is counted once.
+  static int refused_index = SSL_get_ex_new_index(0, nullptr, nullptr, nullptr, nullptr);
+  if (SSL_get_ex_data(ssl, refused_index))
+    return false;
   const auto& limits = llmgw::wire::node_port_settings();
   if (limits.nodes.empty())
     return true;
@@ -217,6 +227,7 @@ bool peer_allowed(SSL* ssl) {
     return true;
   ++llmgw::wire::node_port_counters().certificates_refused;
   note("certificate", SSL_get_fd(ssl), why);
+  SSL_set_ex_data(ssl, refused_index, ssl);
   cut(ssl);
   return false;
 }
@@ -229,10 +240,11 @@ int SSL_read(SSL* ssl, void* buf, int num) {
   static auto real = real_function<int (*)(SSL*, void*, int)>("SSL_read");
   ERR_clear_error();
   int n = real(ssl, buf, num);
-  if (n > 0
-      && !guard_of(ssl).feed(static_cast<const unsigned char*>(buf), static_cast<std::size_t>(n))) {
-    using verdict = llmgw::wire::basp_frame_guard::verdict;
-    const auto& g = guard_of(ssl);
+  using verdict = llmgw::wire::basp_frame_guard::verdict;
+  auto& g = guard_of(ssl);
+  if (g.why() != verdict::ok) // refused before (and counted then)
+    return -1;
+  if (n > 0 && !g.feed(static_cast<const unsigned char*>(buf), static_cast<std::size_t>(n))) {
     auto& counts = llmgw::wire::node_port_counters();
     if (g.why() == verdict::too_large) {
       ++counts.payloads_refused;

@@ -166,6 +166,10 @@ std::string ensure_ca(const std::string& dir, int days) {
   // An earlier llmgw wrote the key beside the certificates: still used.
   if (exists(cert_path) && (exists(key_path) || exists(dir + "/ca.key")))
     return {};
+  if (exists(cert_path)) // its key is offline, as it should be: never a new CA
+    return fmt::format("'{}' is there but its key '{}' is not: bring the CA's key back to issue "
+                       "certificates (a new CA would make every node's certificate invalid)",
+                       cert_path, key_path);
   std::error_code ec;
   std::filesystem::create_directories(dir + "/private", ec);
   if (ec)
@@ -174,7 +178,14 @@ std::string ensure_ca(const std::string& dir, int days) {
   pkey_ptr key(EVP_EC_gen("P-256"));
   if (!key)
     return ssl_error("generating the CA key");
-  auto cert = new_cert(key.get(), "llmgw cluster CA", days);
+  // Each CA its own name: two CAs in one file (while rotating) must never be
+  // taken for each other.
+  unsigned char id[6];
+  RAND_bytes(id, sizeof id);
+  auto cert = new_cert(key.get(),
+                       fmt::format("llmgw cluster CA {:02x}{:02x}{:02x}{:02x}{:02x}{:02x}", id[0],
+                                   id[1], id[2], id[3], id[4], id[5]),
+                       days);
   X509_set_issuer_name(cert.get(), X509_get_subject_name(cert.get()));
   if (!add_ext(cert.get(), cert.get(), NID_basic_constraints, "critical,CA:TRUE")
       || !add_ext(cert.get(), cert.get(), NID_key_usage, "critical,keyCertSign,cRLSign")
@@ -205,6 +216,7 @@ std::string issue_node_certificate(const std::string& dir, const std::string& na
       || !add_ext(cert.get(), ca_cert.get(), NID_key_usage,
                   "critical,digitalSignature,keyEncipherment,keyAgreement")
       || !add_ext(cert.get(), ca_cert.get(), NID_ext_key_usage, "serverAuth,clientAuth")
+      || !add_ext(cert.get(), ca_cert.get(), NID_authority_key_identifier, "keyid:always")
       || !add_ext(cert.get(), ca_cert.get(), NID_subject_alt_name, san))
     return ssl_error("node certificate extensions");
   if (X509_sign(cert.get(), ca_key.get(), EVP_sha256()) == 0)

@@ -103,7 +103,7 @@ struct gateway_settings {
   std::size_t max_connections = 4096;
   /// Open connections from one client address (0: no cap). Behind a load
   /// balancer that connects from one address, raise it or set 0.
-  std::size_t max_connections_per_client = 1024;
+  std::size_t max_connections_per_client = 256;
   std::uint32_t max_attempts = 3;            ///< replicas tried before giving up
   std::chrono::milliseconds down_for{10000}; ///< a failed replica is avoided this long
   /// Gateway HTTP threads, each an event loop with its share of the

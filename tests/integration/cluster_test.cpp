@@ -147,7 +147,7 @@ TEST(cluster, a_node_claiming_another_nodes_replica_is_refused) {
              >= 1;
     },
     10s * slow_factor))
-    << c.get("control-1", "/metrics").body;
+    << c.admin_get("control-1", "/metrics").body;
   EXPECT_TRUE(holds(c, "control-1", "a0", "S1_basic.map.int.json"))
     << "a0 still holds what its owner sent";
   EXPECT_NE(c.log_of("control-1")

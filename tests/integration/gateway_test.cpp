@@ -544,6 +544,11 @@ TEST(gateway_admin, health_and_metrics_answer_while_clients_hold_every_connectio
   EXPECT_EQ(get(gw.admin_port(), "/v1/models").status, 404) << "only the admin endpoints";
   for (auto& h : held)
     h->cancel();
+  for (int i = 0; i < 500 && e0.disconnects < 2; ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(get(gw.port(), "/metrics").status, 404) << "counters stay off the clients' port";
+  EXPECT_EQ(get(gw.port(), "/v1/kv/replicas").status, 404);
+  EXPECT_EQ(get(gw.port(), "/healthz").status, 200);
   gw.stop();
   stop_control_plane(peers);
 }

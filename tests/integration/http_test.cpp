@@ -895,7 +895,7 @@ TEST(http_server, one_address_cannot_take_every_connection) {
 
 TEST(http_server, bodies_held_at_once_are_bounded_and_returned) {
   http_server_limits limits;
-  limits.max_body_bytes = 64 << 10;
+  limits.max_body_bytes = 100 << 10; // so one address may hold the whole budget
   limits.max_buffered_body_bytes = 100 << 10;
   http_server server("127.0.0.1", 0, 1, limits, echo_handler());
   auto head = [](std::size_t length, const char* extra = "") {
@@ -953,4 +953,29 @@ TEST(http_server, a_client_that_half_closes_after_its_request_still_gets_its_ans
   EXPECT_EQ(gone.load(), 0) << "a half-closed client is no client that left";
   for (auto& w : workers)
     w.join();
+}
+
+TEST(http_server, one_address_holds_an_eighth_of_the_body_budget) {
+  http_server_limits limits;
+  limits.max_body_bytes = 10000;
+  limits.max_buffered_body_bytes = 160000; // an address's share: 20000
+  http_server server("127.0.0.1", 0, 1, limits, echo_handler());
+  std::vector<std::unique_ptr<raw_client>> held;
+  for (int i = 0; i < 2; ++i) { // two bodies of 10000, never finished
+    held.push_back(std::make_unique<raw_client>(server.port()));
+    held.back()->send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10000\r\n\r\nabc");
+  }
+  for (int i = 0; i < 500 && server.counters().buffered_body_bytes.load() < 20000; ++i)
+    std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(server.counters().buffered_body_bytes.load(), 20000u);
+  auto third =
+    raw_exchange(server.port(), "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n12345");
+  EXPECT_EQ(third.rfind("HTTP/1.1 503", 0), 0u) << "its share is taken, though the budget is not";
+  EXPECT_EQ(server.counters().over_body_budget.load(), 1u);
+  held.clear();
+  for (int i = 0; i < 500 && server.counters().buffered_body_bytes.load() != 0; ++i)
+    std::this_thread::sleep_for(1ms);
+  auto later = raw_exchange(server.port(), "POST / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                                           "Content-Length: 5\r\n\r\n12345");
+  EXPECT_EQ(later.rfind("HTTP/1.1 200", 0), 0u) << later;
 }

@@ -252,14 +252,14 @@ http_response test_cluster::post(const std::string& control, const std::string& 
 }
 
 boost::json::value test_cluster::replicas(const std::string& control) {
-  auto r = get(control, "/v1/kv/replicas");
+  auto r = admin_get(control, "/v1/kv/replicas");
   if (r.status != 200)
     return nullptr;
   return boost::json::parse(r.body);
 }
 
 double test_cluster::metric(const std::string& control, const std::string& sample) {
-  auto r = get(control, "/metrics");
+  auto r = admin_get(control, "/metrics");
   std::istringstream in(r.body);
   std::string line;
   while (std::getline(in, line))

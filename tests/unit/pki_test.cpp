@@ -103,3 +103,35 @@ TEST(pki, a_ca_made_by_an_earlier_llmgw_is_still_used) {
   ASSERT_EQ(issue_node_certificate(d.path, "n", {}), "");
   EXPECT_TRUE(node_identity::load("n", d.path + "/n.pem", d.path + "/n.key", d.path + "/ca.pem"));
 }
+
+TEST(pki, a_ca_whose_key_is_offline_is_never_replaced) {
+  temp_dir d;
+  ASSERT_EQ(ensure_ca(d.path), "");
+  auto before = fs::last_write_time(d.path + "/ca.pem");
+  fs::remove(ca_key_path(d.path)); // moved offline, as SECURITY.md says
+  auto err = ensure_ca(d.path);
+  EXPECT_NE(err.find("bring the CA's key back"), std::string::npos) << err;
+  EXPECT_EQ(fs::last_write_time(d.path + "/ca.pem"), before) << "the CA was not made anew";
+  EXPECT_NE(issue_node_certificate(d.path, "n", {}), "");
+}
+
+TEST(pki, two_cas_in_one_file_verify_each_their_own_nodes) {
+  temp_dir old_ca, new_ca;
+  ASSERT_EQ(ensure_ca(old_ca.path), "");
+  ASSERT_EQ(ensure_ca(new_ca.path), "");
+  ASSERT_EQ(issue_node_certificate(old_ca.path, "n", {}), "");
+  ASSERT_EQ(issue_node_certificate(new_ca.path, "n", {}), "");
+  // While rotating: both CAs in one file, either order.
+  for (const auto& [first, second] :
+       {std::pair{old_ca.path, new_ca.path}, std::pair{new_ca.path, old_ca.path}}) {
+    auto both = first + "/both.pem";
+    {
+      std::ofstream out(both);
+      std::ifstream a(first + "/ca.pem"), b(second + "/ca.pem");
+      out << a.rdbuf() << b.rdbuf();
+    }
+    for (const auto& dir : {old_ca.path, new_ca.path})
+      EXPECT_TRUE(node_identity::load("n", dir + "/n.pem", dir + "/n.key", both))
+        << dir << " under " << both;
+  }
+}
