@@ -19,6 +19,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <random>
 
 namespace llmgw::bench {
@@ -169,6 +170,46 @@ double updates_per_second(std::size_t replicas, int rounds) {
   return median(rates);
 }
 
+/// The control node's check of an update's MAC (wire/node_identity.hpp),
+/// per update: a churn update (16 + 16 blocks) and a full copy of 20k
+/// blocks, in updates per second.
+std::pair<double, double> macs_per_second(int rounds) {
+  std::mt19937_64 rng(5);
+  auto make = [&](std::size_t added, std::size_t removed) {
+    replica_update u;
+    u.node = "agent-a";
+    u.replica = "r0";
+    u.session = rng();
+    for (std::size_t i = 0; i < added; ++i)
+      u.added.push_back({rng(), wire::medium::gpu});
+    for (std::size_t i = 0; i < removed; ++i)
+      u.removed.push_back({rng(), wire::medium::gpu});
+    return u;
+  };
+  const std::string key(32, 'k');
+  auto churn = make(16, 16);
+  auto full = make(20000, 0);
+  std::vector<double> small, large;
+  std::size_t sink = 0;
+  for (int round = 0; round < rounds; ++round) {
+    small.push_back(20000 / time_once([&] {
+                      for (int i = 0; i < 20000; ++i) {
+                        churn.seq = static_cast<std::uint64_t>(i);
+                        sink += update_mac(key, churn).size();
+                      }
+                    }));
+    large.push_back(200 / time_once([&] {
+                      for (int i = 0; i < 200; ++i) {
+                        full.seq = static_cast<std::uint64_t>(i);
+                        sink += update_mac(key, full).size();
+                      }
+                    }));
+  }
+  if (sink == 0)
+    std::abort(); // keeps the work from being optimized away
+  return {median(small), median(large)};
+}
+
 /// Index bytes per entry for `replicas` each holding `blocks` blocks, a
 /// `shared` fraction of them held by every replica.
 double bytes_per_entry(std::size_t replicas, std::size_t blocks, double shared) {
@@ -210,6 +251,9 @@ int run_router_bench(int rounds) {
   for (std::size_t replicas : {8u, 64u})
     report(fmt::format("index updates applied ({} replicas, 16+16 blocks each)", replicas),
            updates_per_second(replicas, rounds), "updates/s");
+  auto [churn_macs, full_macs] = macs_per_second(rounds);
+  report("update MACs checked (16+16 blocks each)", churn_macs, "updates/s");
+  report("update MACs checked (a full copy of 20k blocks)", full_macs, "updates/s");
   report("index bytes per (block, replica) entry, keys held once", bytes_per_entry(64, 20000, 0.0),
          "B", "(target <= 32)");
   report("index bytes per (block, replica) entry, 30% shared by all",

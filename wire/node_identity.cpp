@@ -3,9 +3,10 @@
 #include "wire/openssl.hpp"
 
 #include <fmt/format.h>
+#include <openssl/core_names.h>
 #include <openssl/crypto.h>
-#include <openssl/hmac.h>
 #include <openssl/kdf.h>
+#include <openssl/params.h>
 #include <openssl/pem.h>
 #include <openssl/rand.h>
 #include <openssl/x509v3.h>
@@ -360,10 +361,30 @@ std::string certificate_names(const std::string& cert_path, const std::string& n
 }
 
 std::string session_mac(std::string_view key, std::string_view data) {
+  // OpenSSL 3's one-shot HMAC() looks the algorithm up on every call, which
+  // cost more than the MAC of a small update: each thread keeps its own
+  // context and re-keys it.
+  struct mac_context {
+    EVP_MAC* mac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+    EVP_MAC_CTX* ctx = mac ? EVP_MAC_CTX_new(mac) : nullptr;
+    ~mac_context() {
+      EVP_MAC_CTX_free(ctx);
+      EVP_MAC_free(mac);
+    }
+  };
+  thread_local mac_context m;
+  char digest_name[] = "SHA256";
+  OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string("digest", digest_name, 0),
+                         OSSL_PARAM_construct_end()};
   unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  if (!HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
-            reinterpret_cast<const unsigned char*>(data.data()), data.size(), md, &len)) {
+  std::size_t len = 0;
+  if (!m.ctx
+      || EVP_MAC_init(m.ctx, reinterpret_cast<const unsigned char*>(key.data()), key.size(), params)
+           != 1
+      || EVP_MAC_update(m.ctx, reinterpret_cast<const unsigned char*>(data.data()), data.size())
+           != 1
+      || EVP_MAC_final(m.ctx, md, &len, sizeof md) != 1) {
+    // HMAC-SHA256 over memory we own cannot fail unless OpenSSL is broken.
     std::fprintf(stderr, "llmgw: OpenSSL HMAC-SHA256 failed: %s\n", ssl::last_error().c_str());
     std::abort();
   }

@@ -1,6 +1,7 @@
 // Node identity without actors: the key exchange, the transcript, proofs and
 // certificate checks, fingerprints, and MACs.
 #include "tests/unit/credentials.hpp"
+#include "tests/unit/support.hpp"
 #include "wire/node_identity.hpp"
 #include "wire/node_port_guard.hpp"
 #include "wire/pki.hpp"
@@ -113,6 +114,13 @@ TEST(node_identity, fingerprints_are_normalized) {
   EXPECT_EQ(normalize_fingerprint(fp.substr(7)), fp);
   EXPECT_EQ(normalize_fingerprint("sha256:12"), "");
   EXPECT_EQ(normalize_fingerprint(std::string(64, 'g')), "");
+}
+
+TEST(node_identity, the_mac_is_hmac_sha256) {
+  // RFC 4231, test case 1, twice: the context is kept and re-keyed.
+  for (int i = 0; i < 2; ++i)
+    EXPECT_EQ(test::to_hex(session_mac(std::string(20, '\x0b'), "Hi There")),
+              "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
 }
 
 TEST(node_identity, macs_depend_on_key_and_data) {
