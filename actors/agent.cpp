@@ -215,21 +215,27 @@ void stop_agent(const agent_handles& handles) {
     caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
 }
 
+namespace {
+
+/// `labels` with a reason added.
+wire::metric_labels with_reason(wire::metric_labels labels, const char* reason) {
+  labels.emplace_back("reason", reason);
+  return labels;
+}
+
+} // namespace
+
 void append_agent_metrics(wire::metrics_text& m, const agent_handles& handles) {
   for (const auto& s : handles.subscribers) {
     wire::metric_labels who{{"replica", s.replica}, {"dp_rank", std::to_string(s.rank)}};
     m.counter("llmgw_agent_event_messages_total", "KV event messages read from the engine.",
               static_cast<double>(s.stats->messages.load()), who);
-    auto refused = [&](const char* reason, std::uint64_t n) {
-      auto labels = who;
-      labels.emplace_back("reason", reason);
+    for (auto [reason, n] : {std::pair{"bad_frame", s.stats->bad_frames.load()},
+                             {"decode", s.stats->decode_errors.load()}})
       m.counter("llmgw_agent_event_messages_refused_total",
                 "KV event messages refused: bad_frame (not three frames or a bad seq), "
                 "decode (a payload that does not decode).",
-                static_cast<double>(n), labels);
-    };
-    refused("bad_frame", s.stats->bad_frames.load());
-    refused("decode", s.stats->decode_errors.load());
+                static_cast<double>(n), with_reason(who, reason));
     m.counter("llmgw_agent_event_gaps_total", "Gaps in the engine's event stream.",
               static_cast<double>(s.stats->gaps.load()), who);
   }
@@ -241,16 +247,12 @@ void append_agent_metrics(wire::metrics_text& m, const agent_handles& handles) {
               static_cast<double>(c->sessions.load()), to);
     m.counter("llmgw_agent_updates_sent_total", "Replica updates sent to the control node.",
               static_cast<double>(c->updates_sent.load()), to);
-    auto refused = [&](const char* reason, std::uint64_t n) {
-      auto labels = to;
-      labels.emplace_back("reason", reason);
+    for (auto [reason, n] :
+         {std::pair{"refused", c->sessions_refused.load()}, {"unproven", c->proofs_refused.load()}})
       m.counter("llmgw_agent_sessions_ended_total",
                 "Sessions that ended: refused (by the control node), unproven (the control "
                 "node did not prove its name).",
-                static_cast<double>(n), labels);
-    };
-    refused("refused", c->sessions_refused.load());
-    refused("unproven", c->proofs_refused.load());
+                static_cast<double>(n), with_reason(to, reason));
   }
 }
 

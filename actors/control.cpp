@@ -82,15 +82,24 @@ void refuse_session(self_ptr self, const std::string& node, const std::string& r
     self->send(fwd, refused_atom::value, session, detail);
 }
 
+/// Takes attempt `session` out of the table, if it is still there.
+std::optional<control_state::attempt> take_attempt(control_state& st, std::uint64_t session) {
+  auto it = st.attempts.find(session);
+  if (it == st.attempts.end())
+    return std::nullopt;
+  auto a = std::move(it->second);
+  st.attempts.erase(it);
+  return a;
+}
+
 /// Ends a session attempt as refused; the node's current session stays.
 void refuse_attempt(self_ptr self, std::uint64_t session, const std::string& reason,
                     const std::string& detail) {
   auto& st = self->state;
-  auto it = st.attempts.find(session);
-  if (it == st.attempts.end())
+  auto taken = take_attempt(st, session);
+  if (!taken)
     return;
-  auto a = std::move(it->second);
-  st.attempts.erase(it);
+  auto& a = *taken;
   if (!st.watched(a.forwarder))
     self->demonitor(a.forwarder.address());
   refuse_session(self, a.node, reason, session, a.forwarder, detail);
@@ -100,11 +109,10 @@ void refuse_attempt(self_ptr self, std::uint64_t session, const std::string& rea
 /// the node's session, replacing any earlier one.
 void accept(self_ptr self, std::uint64_t session) {
   auto& st = self->state;
-  auto it = st.attempts.find(session);
-  if (it == st.attempts.end())
+  auto taken = take_attempt(st, session);
+  if (!taken)
     return;
-  auto a = std::move(it->second);
-  st.attempts.erase(it);
+  auto& a = *taken;
   auto old = st.sessions.find(a.node);
   if (old != st.sessions.end()) {
     auto previous = old->second;

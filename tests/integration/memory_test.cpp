@@ -3,6 +3,7 @@
 // half-sent 31 MiB bodies (the attack that left 493 MB behind).
 #include "actors/http_server.hpp"
 #include "apps/common/memory.hpp"
+#include "tests/integration/sockets.hpp"
 
 #include <gtest/gtest.h>
 
@@ -17,38 +18,9 @@
 
 using namespace std::chrono_literals;
 
-namespace {
-
-/// Resident set size of this process, in MiB.
-double rss_mib() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("VmRSS:", 0) == 0)
-      return std::stod(line.substr(6)) / 1024.0;
-  return -1;
-}
-
-int connect_to(std::uint16_t port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  return fd;
-}
-
-void send_all(int fd, const std::string& bytes) {
-  std::size_t sent = 0;
-  while (sent < bytes.size()) {
-    auto n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
-    ASSERT_GT(n, 0);
-    sent += static_cast<std::size_t>(n);
-  }
-}
-
-} // namespace
+using llmgw::test::connect_to;
+using llmgw::test::rss_mib;
+using llmgw::test::send_all;
 
 TEST(memory, half_sent_bodies_are_given_back_when_their_clients_go) {
 #if defined(__SANITIZE_ADDRESS__)

@@ -2,6 +2,7 @@
 // connections that never finish TLS, too many handshakes at once, and a
 // peer with a valid certificate whose BASP header announces 1 GiB. Real
 // `llmgw node` processes; the limits are enforced by actors/tls_hooks.cpp.
+#include "tests/integration/sockets.hpp"
 #include "tests/integration/test_cluster.hpp"
 #include "wire/pki.hpp"
 
@@ -21,42 +22,59 @@
 #include <unistd.h>
 
 using namespace std::chrono_literals;
+using llmgw::test::closed_by_peer;
+using llmgw::test::connect_to;
 using llmgw::test::test_cluster;
 
 namespace {
 
-int connect_to(std::uint16_t port, std::chrono::seconds read_timeout = 10s) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  timeval tv{static_cast<long>(read_timeout.count()), 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  return fd;
-}
+/// A peer of the node port with a certificate of the cluster's CA: TLS as
+/// CAF does it, then whatever bytes the test sends.
+struct tls_peer {
+  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+  SSL* ssl = nullptr;
+  int fd = -1;
 
-/// True if the peer closed the connection before the read timeout.
-bool closed_by_peer(int fd) {
-  char buf[256];
-  for (;;) {
-    auto n = ::recv(fd, buf, sizeof buf, 0);
-    if (n == 0 || (n < 0 && errno == ECONNRESET))
-      return true;
-    if (n < 0)
-      return false; // timed out
+  /// Connects with `name`'s certificate and key from `dir`; false if the
+  /// TLS handshake fails.
+  bool connect(std::uint16_t port, const std::string& dir, const std::string& name) {
+    auto files = llmgw::wire::credentials_in(dir, name);
+    SSL_CTX_use_certificate_file(ctx, files.cert.c_str(), SSL_FILETYPE_PEM);
+    SSL_CTX_use_PrivateKey_file(ctx, files.key.c_str(), SSL_FILETYPE_PEM);
+    fd = llmgw::test::connect_to(port);
+    ssl = SSL_new(ctx);
+    SSL_set_fd(ssl, fd);
+    return SSL_connect(ssl) == 1;
   }
-}
 
-double rss_mib(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("VmRSS:", 0) == 0)
-      return std::stod(line.substr(6)) / 1024.0;
-  return -1;
-}
+  bool send(const std::string& bytes) {
+    return SSL_write(ssl, bytes.data(), static_cast<int>(bytes.size()))
+           == static_cast<int>(bytes.size());
+  }
+
+  /// True if the node ends the connection (after what CAF sends first).
+  bool dropped() {
+    char buf[4096];
+    int n;
+    while ((n = SSL_read(ssl, buf, sizeof buf)) > 0) {
+    }
+    return n <= 0;
+  }
+
+  /// True if the node sends anything (its BASP handshake).
+  bool answers() {
+    char buf[64];
+    return SSL_read(ssl, buf, sizeof buf) > 0;
+  }
+
+  ~tls_peer() {
+    if (ssl)
+      SSL_free(ssl);
+    if (fd >= 0)
+      ::close(fd);
+    SSL_CTX_free(ctx);
+  }
+};
 
 std::vector<llmgw::test::test_node_spec> one_control() {
   return {{"control-1", true, false, "127.0.0.1", {}}};
@@ -107,34 +125,21 @@ TEST(node_port, a_header_announcing_a_huge_payload_drops_the_peer_before_it_allo
   test_cluster c(one_control());
   c.start("control-1");
   ASSERT_TRUE(c.wait_ready("control-1", 10s)) << c.log_of("control-1");
-  auto before = rss_mib(c.pid("control-1"));
+  auto before = llmgw::test::rss_mib(std::to_string(c.pid("control-1")));
   ASSERT_GT(before, 0);
   // A peer with a valid certificate of the cluster (TLS lets it in).
-  auto files = llmgw::wire::credentials_in(c.dir(), "control-1");
-  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
-  ASSERT_EQ(SSL_CTX_use_certificate_file(ctx, files.cert.c_str(), SSL_FILETYPE_PEM), 1);
-  ASSERT_EQ(SSL_CTX_use_PrivateKey_file(ctx, files.key.c_str(), SSL_FILETYPE_PEM), 1);
-  ASSERT_EQ(SSL_CTX_load_verify_locations(ctx, (c.dir() + "/ca.pem").c_str(), nullptr), 1);
-  int fd = connect_to(c.caf_port("control-1"));
-  SSL* ssl = SSL_new(ctx);
-  SSL_set_fd(ssl, fd);
-  ASSERT_EQ(SSL_connect(ssl), 1) << ERR_error_string(ERR_get_error(), nullptr);
-  unsigned char header[32] = {};
-  header[0] = 1;    // a client handshake (valid: no actors named), as a peer sends first
-  header[4] = 0x40; // payload_len 0x40000000: 1 GiB
-  ASSERT_EQ(SSL_write(ssl, header, sizeof header), 32);
-  // CAF's server handshake may come first; then the connection ends.
-  char buf[4096];
-  int n;
-  while ((n = SSL_read(ssl, buf, sizeof buf)) > 0) {
-  }
-  EXPECT_LE(n, 0) << "the node dropped the peer";
-  SSL_free(ssl);
-  ::close(fd);
-  SSL_CTX_free(ctx);
+  tls_peer peer;
+  ASSERT_TRUE(peer.connect(c.caf_port("control-1"), c.dir(), "control-1"));
+  // A client handshake (valid: no actors named), as a peer sends first,
+  // announcing a payload of 0x40000000 bytes: 1 GiB.
+  std::string header(32, '\0');
+  header[0] = 1;
+  header[4] = 0x40;
+  ASSERT_TRUE(peer.send(header));
+  EXPECT_TRUE(peer.dropped());
   EXPECT_EQ(c.metric("control-1", "llmgw_node_port_refused_total{reason=\"payload_too_large\"}"),
             1);
-  auto after = rss_mib(c.pid("control-1"));
+  auto after = llmgw::test::rss_mib(std::to_string(c.pid("control-1")));
   std::fprintf(stderr, "control-1 resident: %.0f MiB before, %.0f MiB after\n", before, after);
   EXPECT_LT(after, before + 256) << "CAF did not size a buffer from the header";
   EXPECT_TRUE(c.wait_ready("control-1", 5s)) << "and serves on";
@@ -176,29 +181,15 @@ TEST(node_port, a_down_message_for_another_node_drops_the_peer) {
   // A peer with a valid certificate says who it is, then says an actor of
   // another node died: CAF would kill its proxy of that actor (an agent's
   // forwarder: its session would be dropped).
-  auto files = llmgw::wire::credentials_in(c.dir(), "control-1");
-  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
-  ASSERT_EQ(SSL_CTX_use_certificate_file(ctx, files.cert.c_str(), SSL_FILETYPE_PEM), 1);
-  ASSERT_EQ(SSL_CTX_use_PrivateKey_file(ctx, files.key.c_str(), SSL_FILETYPE_PEM), 1);
-  int fd = connect_to(c.caf_port("control-1"));
-  SSL* ssl = SSL_new(ctx);
-  SSL_set_fd(ssl, fd);
-  ASSERT_EQ(SSL_connect(ssl), 1);
+  tls_peer peer;
+  ASSERT_TRUE(peer.connect(c.caf_port("control-1"), c.dir(), "control-1"));
   auto me = node_bytes(4242, "0123456789abcdef0123456789abcdef01234567");
   auto other = node_bytes(777, "fedcba9876543210fedcba9876543210fedcba98");
   ASSERT_EQ(me.size(), 32u);
   auto bytes = basp_header(1, static_cast<std::uint32_t>(me.size())) + me + basp_header(5, 70, 1)
                + other + std::string(38, '\0');
-  ASSERT_EQ(SSL_write(ssl, bytes.data(), static_cast<int>(bytes.size())),
-            static_cast<int>(bytes.size()));
-  char buf[4096];
-  int n;
-  while ((n = SSL_read(ssl, buf, sizeof buf)) > 0) {
-  }
-  EXPECT_LE(n, 0) << "the node dropped the peer";
-  SSL_free(ssl);
-  ::close(fd);
-  SSL_CTX_free(ctx);
+  ASSERT_TRUE(peer.send(bytes));
+  EXPECT_TRUE(peer.dropped());
   EXPECT_EQ(c.metric("control-1", "llmgw_node_port_refused_total{reason=\"message\"}"), 1);
   EXPECT_NE(c.log_of("control-1").find("a monitor or down message for another node"),
             std::string::npos)
@@ -209,26 +200,11 @@ TEST(node_port, a_down_message_for_another_node_drops_the_peer) {
 
 namespace {
 
-/// Connects with the certificate and key in `dir` of `name`; true if the
-/// node lets the connection live past its TLS handshake (it answers with
-/// its BASP handshake), false if it cuts it off.
+/// True if a peer with `name`'s certificate from `dir` gets past the TLS
+/// handshake (the node answers with its BASP handshake).
 bool tls_peer_admitted(test_cluster& c, const std::string& dir, const std::string& name) {
-  auto files = llmgw::wire::credentials_in(dir, name);
-  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
-  SSL_CTX_use_certificate_file(ctx, files.cert.c_str(), SSL_FILETYPE_PEM);
-  SSL_CTX_use_PrivateKey_file(ctx, files.key.c_str(), SSL_FILETYPE_PEM);
-  int fd = connect_to(c.caf_port("control-1"));
-  SSL* ssl = SSL_new(ctx);
-  SSL_set_fd(ssl, fd);
-  bool admitted = false;
-  if (SSL_connect(ssl) == 1) {
-    char buf[64];
-    admitted = SSL_read(ssl, buf, sizeof buf) > 0; // CAF's server handshake
-  }
-  SSL_free(ssl);
-  ::close(fd);
-  SSL_CTX_free(ctx);
-  return admitted;
+  tls_peer peer;
+  return peer.connect(c.caf_port("control-1"), dir, name) && peer.answers();
 }
 
 } // namespace
