@@ -210,7 +210,7 @@ int run_node(const wire::topology& topo_in, const std::string& name, std::size_t
     } else if (!node->admin_host.empty()) {
       agent_admin = std::make_unique<http_server>(
         node->admin_host, node->admin_port, 1, http_server_limits{},
-        [handles = counted](http_request&& req, http_responder respond) {
+        [handles = counted](http_request&& req, const http_responder& respond) {
           auto path = req.target.substr(0, req.target.find('?'));
           if (req.method != "GET")
             return respond(http_reply{
