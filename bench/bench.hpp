@@ -39,7 +39,7 @@ struct capture_payloads {
   std::size_t events = 0;
 };
 
-/// Reads shared/vllm-captures/NAME; false (with a message) if it cannot.
+/// Reads golden/vllm-captures/NAME; false (with a message) if it cannot.
 bool load_capture(const std::string& name, capture_payloads& out);
 
 /// `llmgw-bench wire`: decoding and hashing throughput.

@@ -1,4 +1,4 @@
-// Loading shared/vllm-captures/ for the benchmarks.
+// Loading golden/vllm-captures/ for the benchmarks.
 #include "bench/bench.hpp"
 #include "wire/kv_events.hpp"
 
@@ -30,7 +30,7 @@ std::string from_hex(std::string_view hex) {
 } // namespace
 
 bool load_capture(const std::string& name, capture_payloads& out) {
-  auto text = read_file(std::string(LLMGW_SHARED_DIR) + "/vllm-captures/" + name);
+  auto text = read_file(std::string(LLMGW_CAPTURES_DIR) + "/" + name);
   boost::system::error_code ec;
   auto doc = boost::json::parse(text, ec);
   if (ec) {

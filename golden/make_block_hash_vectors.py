@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Golden vectors for vLLM's sha256_cbor block hashes.
 
-Computes the recipe of shared/notes/vllm-kv-events.md with Debian's
+Computes the recipe of docs/vllm.md ("Block hashes") with Debian's
 python3-cbor2 (canonical encoding) and hashlib, independently of llmgw's C++
 code, and writes golden/block_hashes.json. The C++ tests compare against the
 committed file.

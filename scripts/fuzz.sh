@@ -11,9 +11,8 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60}
 [ $# -gt 0 ] && shift
 targets=${*:-decode_batch_fuzzer http_request_fuzzer topology_fuzzer node_messages_fuzzer}
-shared=${LLMGW_SHARED_DIR:-$(cd .. && pwd)/shared}
 CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DLLMGW_FUZZ=ON -DLLMGW_BENCH=OFF -DLLMGW_SHARED_DIR="$shared" >/dev/null
+  -DLLMGW_FUZZ=ON -DLLMGW_BENCH=OFF >/dev/null
 ninja -C build-fuzz $targets
 
 seed() { # seed CORPUS NAME CONTENT
@@ -21,7 +20,7 @@ seed() { # seed CORPUS NAME CONTENT
   printf '%b' "$3" > "$1/$2"
 }
 corpus=build-fuzz/corpus
-/usr/bin/python3 scripts/make-fuzz-corpus.py "$shared" "$corpus/decode_batch_fuzzer" >/dev/null
+/usr/bin/python3 scripts/make-fuzz-corpus.py build-fuzz/vllm-captures "$corpus/decode_batch_fuzzer" >/dev/null
 c=$corpus/http_request_fuzzer
 seed "$c" completion 'POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: 45\r\n\r\n{"model": "m", "prompt": "hi", "stream": true}'
 seed "$c" chat 'POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nExpect: 100-continue\r\nContent-Length: 56\r\n\r\n{"model":"m","messages":[{"role":"user","content":"x"}]}'

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
-"""Writes every payload of shared/vllm-captures/ as one file of a fuzz corpus.
+"""Writes every payload of the vLLM captures as one file of a fuzz corpus.
 
-  scripts/make-fuzz-corpus.py SHARED_DIR OUT_DIR
+  scripts/make-fuzz-corpus.py CAPTURES_DIR OUT_DIR   (a build tree's vllm-captures/)
 """
 import glob
 import hashlib
@@ -11,10 +11,10 @@ import sys
 
 
 def main():
-    shared, out = sys.argv[1], sys.argv[2]
+    captures, out = sys.argv[1], sys.argv[2]
     os.makedirs(out, exist_ok=True)
     count = 0
-    for path in sorted(glob.glob(os.path.join(shared, "vllm-captures", "*.json"))):
+    for path in sorted(glob.glob(os.path.join(captures, "*.json"))):
         if "S2_churn" in path:
             continue  # 2,000 frames each: the small scenarios cover the same shapes
         with open(path) as f:

@@ -7,7 +7,6 @@
 set -eu
 cd "$(dirname "$0")/.."
 root=$(pwd)
-shared=${LLMGW_SHARED_DIR:-$(cd .. && pwd)/shared}
 jobs=$(nproc)
 step() { printf '\n==== %s\n' "$*"; }
 
@@ -22,8 +21,7 @@ step "golden vectors reproduce from the Python reference"
 /usr/bin/python3 golden/make_block_hash_vectors.py --check
 
 step "release build (-Werror)"
-cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLMGW_WERROR=ON \
-  -DLLMGW_SHARED_DIR="$shared" >/dev/null
+cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLMGW_WERROR=ON >/dev/null
 ninja -C build-release -j "$jobs"
 
 step "clang-tidy"
@@ -31,11 +29,11 @@ step "clang-tidy"
 
 step "ASan+UBSan build (-Werror)"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DLLMGW_WERROR=ON -DLLMGW_SANITIZE=ON \
-  -DLLMGW_BENCH=OFF -DLLMGW_SHARED_DIR="$shared" >/dev/null
+  -DLLMGW_BENCH=OFF >/dev/null
 ninja -C build-asan -j "$jobs"
 
 step "fuzz every target (${FUZZ_SECONDS:-60} s each)"
-LLMGW_SHARED_DIR="$shared" ./scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
+./scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
 
 step "benchmarks run (numbers are not checked here; see BENCHMARKS.md)"
 ./build-release/bench/llmgw-bench wire --rounds 3

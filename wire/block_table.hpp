@@ -2,7 +2,7 @@
 // net changes each subscriber has not seen yet. Pure code: the mirror actor
 // owns one and is a thin shell around it.
 //
-// Rules (shared/notes/vllm-kv-events.md):
+// Rules (docs/vllm.md):
 // - vLLM can store one hash in several physical blocks and removes it once
 //   per copy, so a block is held while its reference count, per (key,
 //   medium, group), is above zero; a batch may remove a hash and store it

@@ -1,6 +1,6 @@
 // The encoder half of wire/kv_events.hpp: what llmgw-sim publishes, written
 // exactly as vLLM's msgspec-based publisher writes it (tested byte for byte
-// against every payload of shared/vllm-captures/).
+// against every payload of golden/vllm-captures/).
 #include "wire/kv_events.hpp"
 
 #include <msgpack.hpp>

@@ -5,7 +5,7 @@
 // hash), the text for tier 1, and the request's cache salt. A completion
 // prompt may already be token ids; then no tokenization is needed.
 //
-// /tokenize bodies (shared/notes/vllm-kv-events.md):
+// /tokenize bodies (docs/vllm.md):
 //   completion: {"model", "prompt", "add_special_tokens": true}
 //   chat:       {"model", "messages", "add_generation_prompt",
 //                "add_special_tokens": false, and the template options the

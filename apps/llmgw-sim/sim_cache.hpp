@@ -1,7 +1,7 @@
 // llmgw-sim's paged KV cache: what one engine rank holds, and the events
 // vLLM publishes for it. Pure code, one owner (the simulator's engine thread).
 //
-// The rules follow vLLM's block pool (shared/vllm-captures/README.md):
+// The rules follow vLLM's block pool (golden/vllm-captures/README.md):
 // - Only full blocks are hashed (vLLM's sha256_cbor chain, the engine's
 //   PYTHONHASHSEED, the request's LoRA name and cache salt).
 // - A lookup never covers the last prompt token: a fully cached,

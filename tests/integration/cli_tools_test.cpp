@@ -1,5 +1,5 @@
 // `llmgw hash` and `llmgw events` as an operator runs them: real processes,
-// fed with what vLLM's own publisher produced (shared/vllm-captures/).
+// fed with what vLLM's own publisher produced (golden/vllm-captures/).
 #include "tests/integration/child_process.hpp"
 #include "tests/integration/replay_service.hpp"
 #include "tests/unit/support.hpp"

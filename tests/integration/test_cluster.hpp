@@ -31,7 +31,7 @@ std::uint16_t free_port();
 /// capture's frames.
 struct test_engine_spec {
   std::string replica;
-  std::string capture; ///< file name in shared/vllm-captures
+  std::string capture; ///< file name in golden/vllm-captures
   std::string model = "m";
   bool kv_events = true;
   std::string url = "http://127.0.0.1:1"; ///< its HTTP API (/tokenize)

@@ -1,4 +1,4 @@
-// Every capture in shared/vllm-captures/ decodes frame by frame, and applying
+// Every capture in golden/vllm-captures/ decodes frame by frame, and applying
 // its batches to the capture README's reference model (refcounts per hash as
 // on the wire and medium) gives exactly the capture's `expected` section.
 // The request chains listed in each capture are recomputed with wire/'s
@@ -213,7 +213,7 @@ INSTANTIATE_TEST_SUITE_P(vllm_captures, capture_test, ::testing::ValuesIn(all_ca
 
 TEST(captures, all_twenty_four_are_present) {
   EXPECT_EQ(test::capture_names().size(), 24u)
-    << "expected 6 scenarios x 2 shapes x 2 hash forms in " << LLMGW_SHARED_DIR "/vllm-captures";
+    << "expected 6 scenarios x 2 shapes x 2 hash forms in " << LLMGW_CAPTURES_DIR;
 }
 
 } // namespace

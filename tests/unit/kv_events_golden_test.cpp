@@ -1,5 +1,5 @@
 // Golden bytes of every event kind in both shapes, annotated field by field.
-// The bytes are those vLLM's own publisher produced (shared/vllm-captures/
+// The bytes are those vLLM's own publisher produced (golden/vllm-captures/
 // wire_dump.txt); the annotations say what each run of bytes means.
 #include "tests/unit/support.hpp"
 #include "wire/kv_events.hpp"

@@ -64,12 +64,12 @@ boost::json::value read_json(const std::string& path) {
 }
 
 std::string capture_path(const std::string& name) {
-  return std::string(LLMGW_SHARED_DIR) + "/vllm-captures/" + name;
+  return std::string(LLMGW_CAPTURES_DIR) + "/" + name;
 }
 
 std::vector<std::string> capture_names() {
   std::vector<std::string> names;
-  auto dir_path = std::string(LLMGW_SHARED_DIR) + "/vllm-captures";
+  auto dir_path = std::string(LLMGW_CAPTURES_DIR);
   if (auto* dir = opendir(dir_path.c_str())) {
     while (auto* entry = readdir(dir)) {
       std::string name = entry->d_name;

@@ -23,7 +23,7 @@ std::string to_hex(const std::string& bytes);
 /// A parsed JSON document.
 boost::json::value read_json(const std::string& path);
 
-/// Absolute path of a file in ../shared/vllm-captures.
+/// Absolute path of a capture (golden/vllm-captures/, as the build tree holds it).
 std::string capture_path(const std::string& name);
 
 /// Names of every capture file (the 24 *.json), sorted.
