@@ -4,7 +4,7 @@
 #include "actors/engine_supervisor.hpp"
 #include "actors/mirror.hpp"
 #include "actors/subscriber.hpp"
-#include "wire/log.hpp"
+#include "base/log.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/actor_system.hpp>

@@ -8,8 +8,8 @@
 
 #include "actors/forwarder.hpp"
 #include "actors/subscriber.hpp"
+#include "config/topology.hpp"
 #include "wire/metrics_text.hpp"
-#include "wire/topology.hpp"
 
 #include <caf/fwd.hpp>
 

@@ -1,9 +1,9 @@
 #include "actors/control.hpp"
 
-#include "wire/burst_log.hpp"
-#include "wire/log.hpp"
+#include "base/burst_log.hpp"
+#include "base/log.hpp"
+#include "routing/router_report.hpp"
 #include "wire/metrics_text.hpp"
-#include "wire/router_report.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/actor_system.hpp>

@@ -28,9 +28,9 @@
 #pragma once
 
 #include "actors/interfaces.hpp"
-#include "wire/burst_log.hpp"
-#include "wire/node_identity.hpp"
-#include "wire/topology.hpp"
+#include "base/burst_log.hpp"
+#include "config/node_identity.hpp"
+#include "config/topology.hpp"
 
 #include <chrono>
 #include <map>

@@ -1,6 +1,6 @@
 #include "actors/control_connector.hpp"
 
-#include "wire/log.hpp"
+#include "base/log.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/actor_system.hpp>

@@ -1,7 +1,7 @@
 #include "actors/engine_supervisor.hpp"
 
-#include "wire/block_table.hpp"
-#include "wire/log.hpp"
+#include "base/log.hpp"
+#include "kv/block_table.hpp"
 
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>

@@ -6,7 +6,7 @@
 #pragma once
 
 #include "actors/interfaces.hpp"
-#include "wire/engine_command.hpp"
+#include "config/engine_command.hpp"
 
 #include <chrono>
 #include <string>

@@ -1,6 +1,6 @@
 #include "actors/forwarder.hpp"
 
-#include "wire/log.hpp"
+#include "base/log.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/stateful_actor.hpp>

@@ -14,8 +14,8 @@
 #pragma once
 
 #include "actors/interfaces.hpp"
-#include "wire/node_identity.hpp"
-#include "wire/session_window.hpp"
+#include "config/node_identity.hpp"
+#include "kv/session_window.hpp"
 
 #include <atomic>
 #include <chrono>

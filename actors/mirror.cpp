@@ -3,7 +3,7 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
-#include "wire/log.hpp"
+#include "base/log.hpp"
 
 namespace llmgw {
 

@@ -3,7 +3,7 @@
 #pragma once
 
 #include "actors/interfaces.hpp"
-#include "wire/block_table.hpp"
+#include "kv/block_table.hpp"
 
 #include <optional>
 #include <string>

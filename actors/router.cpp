@@ -1,6 +1,6 @@
 #include "actors/router.hpp"
 
-#include "wire/log.hpp"
+#include "base/log.hpp"
 
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>

@@ -7,7 +7,7 @@
 #pragma once
 
 #include "actors/interfaces.hpp"
-#include "wire/locked_router.hpp"
+#include "routing/locked_router.hpp"
 
 #include <memory>
 

@@ -1,9 +1,9 @@
 #include "actors/subscriber.hpp"
 
-#include "wire/burst_log.hpp"
-#include "wire/log.hpp"
+#include "base/burst_log.hpp"
+#include "base/log.hpp"
+#include "net/zmq_parts.hpp"
 #include "wire/zmq_message.hpp"
-#include "wire/zmq_parts.hpp"
 
 #include <caf/after.hpp>
 #include <caf/blocking_actor.hpp>

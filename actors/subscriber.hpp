@@ -12,7 +12,7 @@
 #pragma once
 
 #include "actors/interfaces.hpp"
-#include "wire/event_stream.hpp"
+#include "kv/event_stream.hpp"
 
 #include <caf/fwd.hpp>
 

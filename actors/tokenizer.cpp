@@ -1,6 +1,6 @@
 #include "actors/tokenizer.hpp"
 
-#include "wire/log.hpp"
+#include "base/log.hpp"
 #include "wire/openai_request.hpp"
 
 #include <caf/actor_cast.hpp>

@@ -7,11 +7,11 @@
 // come back as messages.
 #pragma once
 
-#include "actors/http_client.hpp"
 #include "actors/interfaces.hpp"
-#include "wire/topology.hpp"
+#include "config/topology.hpp"
+#include "net/http_client.hpp"
 
-#include "wire/token_cache.hpp"
+#include "routing/token_cache.hpp"
 
 #include <chrono>
 #include <map>

@@ -5,9 +5,9 @@
 // pinned to one core to measure what one core sustains.
 #include "actors/forwarder.hpp"
 #include "actors/mirror.hpp"
+#include "actors/registration.hpp"
 #include "actors/subscriber.hpp"
 #include "bench/bench.hpp"
-#include "messages/registration.hpp"
 #include "tests/actors/fake_control.hpp"
 #include "wire/zmq_message.hpp"
 

@@ -4,9 +4,9 @@
 // network, before TLS). Measures block events per second on one core and the
 // bytes sent relative to the raw event bytes for the S2 churn captures.
 #include "bench/bench.hpp"
+#include "kv/block_table.hpp"
+#include "kv/event_stream.hpp"
 #include "messages/kv_messages.hpp"
-#include "wire/block_table.hpp"
-#include "wire/event_stream.hpp"
 
 #include <boost/json.hpp>
 #include <caf/binary_serializer.hpp>

@@ -16,12 +16,12 @@
 // by the requests it delays), after a second of quiet. Then closed loop: 8
 // connections as fast as they go, for requests/s.
 #include "actors/control.hpp"
-#include "actors/gateway.hpp"
-#include "actors/http_server.hpp"
+#include "actors/registration.hpp"
 #include "actors/router.hpp"
 #include "actors/tokenizer.hpp"
 #include "bench/bench.hpp"
-#include "messages/registration.hpp"
+#include "gateway/gateway.hpp"
+#include "net/http_server.hpp"
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>

@@ -14,8 +14,8 @@
 // per (block, replica) entry, for keys held once and for a shared mix.
 #include "actors/router.hpp"
 #include "bench/bench.hpp"
+#include "routing/router_core.hpp"
 #include "wire/block_hash.hpp"
-#include "wire/router_core.hpp"
 
 #include <fmt/format.h>
 

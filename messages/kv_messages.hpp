@@ -14,7 +14,7 @@
 // replica's full state.
 #pragma once
 
-#include "wire/block_table.hpp"
+#include "kv/block_table.hpp"
 
 #include <caf/meta/type_name.hpp>
 

@@ -3,8 +3,8 @@
 // decisions go between the gateway and the router; none is serialized.
 #pragma once
 
+#include "routing/router_core.hpp"
 #include "wire/kv_events.hpp"
-#include "wire/router_core.hpp"
 
 #include <caf/allowed_unsafe_message_type.hpp>
 

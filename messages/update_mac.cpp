@@ -3,7 +3,7 @@
 // no two updates share a form.
 #include "messages/kv_messages.hpp"
 
-#include "wire/node_identity.hpp"
+#include "config/node_identity.hpp"
 
 namespace llmgw {
 

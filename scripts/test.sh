@@ -17,6 +17,9 @@ step "dependencies"
 step "format"
 ./scripts/check-format.sh
 
+step "layers: every folder includes only the folders below it"
+/usr/bin/python3 scripts/check-layers.py
+
 step "golden vectors reproduce from the Python reference"
 /usr/bin/python3 golden/make_block_hash_vectors.py --check
 

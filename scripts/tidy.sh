@@ -4,7 +4,8 @@
 set -eu
 cd "$(dirname "$0")/.."
 build=${1:-build-release}
-files=$(git ls-files 'wire/*.cpp' 'apps/*.cpp' 'actors/*.cpp' 'messages/*.cpp')
+files=$(git ls-files 'base/*.cpp' 'wire/*.cpp' 'config/*.cpp' 'kv/*.cpp' 'routing/*.cpp' 'net/*.cpp' \
+  'messages/*.cpp' 'actors/*.cpp' 'gateway/*.cpp' 'apps/*.cpp')
 log=$(mktemp)
 if ! clang-tidy -p "$build" --quiet --warnings-as-errors='*' $files >"$log" 2>&1; then
   grep -v "warnings generated" "$log"

@@ -22,7 +22,7 @@
 // nesting is bounded, and every error names the event and field it concerns.
 #pragma once
 
-#include "wire/result.hpp"
+#include "base/result.hpp"
 
 #include <array>
 #include <cstddef>

@@ -14,7 +14,7 @@
 // Answer: {"count", "max_model_len", "tokens": [...], "token_strs"}.
 #pragma once
 
-#include "wire/result.hpp"
+#include "base/result.hpp"
 
 #include <cstdint>
 #include <optional>

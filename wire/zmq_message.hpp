@@ -19,7 +19,7 @@
 // In both layouts seq is the second-to-last frame and payload the last.
 #pragma once
 
-#include "wire/result.hpp"
+#include "base/result.hpp"
 
 #include <array>
 #include <cstdint>

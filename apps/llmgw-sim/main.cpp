@@ -7,7 +7,7 @@
 #include "apps/common/memory.hpp"
 #include "apps/common/stop_signals.hpp"
 #include "apps/llmgw-sim/sim_engine.hpp"
-#include "wire/log.hpp"
+#include "base/log.hpp"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>

@@ -3,7 +3,7 @@
 #include "apps/llmgw-sim/sim_cache.hpp"
 #include "apps/llmgw-sim/sim_publisher.hpp"
 #include "apps/llmgw-sim/sim_text.hpp"
-#include "wire/log.hpp"
+#include "base/log.hpp"
 #include "wire/metrics_text.hpp"
 #include "wire/openai_request.hpp"
 

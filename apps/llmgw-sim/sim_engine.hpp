@@ -13,7 +13,7 @@
 // /metrics, POST /reset_prefix_cache.
 #pragma once
 
-#include "actors/http_server.hpp"
+#include "net/http_server.hpp"
 #include "wire/kv_events.hpp"
 
 #include <chrono>

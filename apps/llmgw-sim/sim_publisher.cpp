@@ -1,6 +1,6 @@
 #include "apps/llmgw-sim/sim_publisher.hpp"
 
-#include "wire/log.hpp"
+#include "base/log.hpp"
 #include "wire/zmq_message.hpp"
 
 #include <zmq.hpp>

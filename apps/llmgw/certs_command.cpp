@@ -7,8 +7,8 @@
 // each node's fingerprint (printed here) to revoke others later. The CA's
 // key goes to DIR/private/ca.key: no node needs it.
 #include "apps/llmgw/commands.hpp"
-#include "wire/node_identity.hpp"
-#include "wire/pki.hpp"
+#include "config/node_identity.hpp"
+#include "config/pki.hpp"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>

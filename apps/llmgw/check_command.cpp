@@ -2,7 +2,7 @@
 // once, each with FILE:LINE:COLUMN, before anything is started. Exit 0 when the
 // file is usable, 2 when it is not.
 #include "apps/llmgw/commands.hpp"
-#include "wire/topology.hpp"
+#include "config/topology.hpp"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>

@@ -2,7 +2,7 @@
 // and runs when selected; main() only dispatches.
 #pragma once
 
-#include "wire/topology.hpp"
+#include "config/topology.hpp"
 
 #include <string>
 

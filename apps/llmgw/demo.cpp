@@ -1,6 +1,6 @@
 #include "apps/llmgw/demo.hpp"
 
-#include "actors/http_client.hpp"
+#include "net/http_client.hpp"
 
 #include <boost/json.hpp>
 #include <fmt/format.h>

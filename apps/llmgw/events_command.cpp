@@ -7,10 +7,10 @@
 // prints a "restart" line; a payload that does not decode prints a
 // "decode_error" line and counts as a gap. SIGINT/SIGTERM end it cleanly.
 #include "apps/llmgw/commands.hpp"
+#include "net/zmq_parts.hpp"
 #include "wire/event_json.hpp"
 #include "wire/kv_events.hpp"
 #include "wire/zmq_message.hpp"
-#include "wire/zmq_parts.hpp"
 
 #include <CLI/CLI.hpp>
 #include <boost/json.hpp>

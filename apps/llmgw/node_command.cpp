@@ -12,17 +12,17 @@
 // control node. CAF heartbeats run on every node, so a frozen peer is found.
 #include "actors/agent.hpp"
 #include "actors/control.hpp"
-#include "actors/gateway.hpp"
+#include "actors/registration.hpp"
 #include "actors/router.hpp"
 #include "actors/tokenizer.hpp"
 #include "apps/common/stop_signals.hpp"
 #include "apps/llmgw/commands.hpp"
-#include "messages/registration.hpp"
-#include "wire/log.hpp"
+#include "base/log.hpp"
+#include "config/topology.hpp"
+#include "gateway/gateway.hpp"
+#include "net/node_port_guard.hpp"
 #include "wire/metrics_text.hpp"
-#include "wire/node_port_guard.hpp"
 #include "wire/openai_request.hpp"
-#include "wire/topology.hpp"
 
 #include <CLI/CLI.hpp>
 #include <caf/actor_system.hpp>

@@ -11,12 +11,12 @@
 // a one-line status until Ctrl-C or SIGTERM, when it stops every node (and
 // so every engine) and waits for them. Children get SIGTERM if `llmgw up`
 // itself dies. Node logs go to files in the log folder.
-#include "actors/http_client.hpp"
 #include "apps/common/stop_signals.hpp"
 #include "apps/llmgw/commands.hpp"
 #include "apps/llmgw/demo.hpp"
-#include "wire/pki.hpp"
-#include "wire/topology.hpp"
+#include "config/pki.hpp"
+#include "config/topology.hpp"
+#include "net/http_client.hpp"
 
 #include <CLI/CLI.hpp>
 #include <boost/json.hpp>

@@ -4,7 +4,7 @@
 #include "actors/control_connector.hpp"
 #include "actors/forwarder.hpp"
 #include "actors/mirror.hpp"
-#include "messages/registration.hpp"
+#include "actors/registration.hpp"
 #include "tests/actors/fake_control.hpp"
 #include "tests/unit/support.hpp"
 

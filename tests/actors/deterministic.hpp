@@ -2,8 +2,8 @@
 // message and timer on the test's thread, only when told (run, advance_time).
 #pragma once
 
+#include "actors/registration.hpp"
 #include "messages/local_messages.hpp"
-#include "messages/registration.hpp"
 #include "tests/unit/support.hpp"
 
 #include <boost/json.hpp>

@@ -1,8 +1,8 @@
 // Every registered message crosses a real CAF connection intact: two actor
 // systems in this process, the second connected to the first over loopback,
 // both configured only by register_message_types().
+#include "actors/registration.hpp"
 #include "messages/kv_messages.hpp"
-#include "messages/registration.hpp"
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>

@@ -4,7 +4,7 @@
 // the handler parses OpenAI bodies the way the gateway does. Nothing may
 // crash, leak or hang, and whatever comes back is HTTP/1.1 answers.
 //   scripts/fuzz.sh [seconds]
-#include "actors/http_server.hpp"
+#include "net/http_server.hpp"
 #include "wire/openai_request.hpp"
 
 #include <arpa/inet.h>

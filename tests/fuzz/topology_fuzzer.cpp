@@ -2,7 +2,7 @@
 // problems (each with a message), never crash, overflow its stack or take
 // seconds; a topology it accepts has what every node needs.
 //   scripts/fuzz.sh [seconds]
-#include "wire/topology.hpp"
+#include "config/topology.hpp"
 
 #include <cstddef>
 #include <cstdint>

@@ -4,12 +4,12 @@
 // agent connecting from an address that is not its host's.
 #include "actors/control_connector.hpp"
 #include "actors/forwarder.hpp"
-#include "actors/http_server.hpp"
 #include "actors/mirror.hpp"
-#include "messages/registration.hpp"
+#include "actors/registration.hpp"
+#include "config/pki.hpp"
+#include "net/http_server.hpp"
 #include "tests/integration/test_cluster.hpp"
 #include "tests/unit/support.hpp"
-#include "wire/pki.hpp"
 
 #include <boost/json.hpp>
 #include <caf/all.hpp>

@@ -4,7 +4,7 @@
 // and stop it when the supervisor stops.
 #include "actors/engine_supervisor.hpp"
 #include "actors/mirror.hpp"
-#include "messages/registration.hpp"
+#include "actors/registration.hpp"
 
 #include <caf/all.hpp>
 #include <gtest/gtest.h>

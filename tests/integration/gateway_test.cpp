@@ -2,12 +2,12 @@
 // headers and event streams, trying the next replica, cutting short, client
 // disconnects, data-parallel ranks, errors, and load accounting.
 #include "actors/control.hpp"
-#include "actors/gateway.hpp"
-#include "actors/http_client.hpp"
-#include "actors/http_server.hpp"
+#include "actors/registration.hpp"
 #include "actors/router.hpp"
 #include "actors/tokenizer.hpp"
-#include "messages/registration.hpp"
+#include "gateway/gateway.hpp"
+#include "net/http_client.hpp"
+#include "net/http_server.hpp"
 #include "tests/integration/interim_engine.hpp"
 #include "wire/block_hash.hpp"
 

@@ -1,9 +1,9 @@
 // The HTTP server and client on loopback, and the tokenizer actor against a
 // stand-in /tokenize: real sockets and threads, every wait bounded.
-#include "actors/http_client.hpp"
-#include "actors/http_server.hpp"
+#include "actors/registration.hpp"
 #include "actors/tokenizer.hpp"
-#include "messages/registration.hpp"
+#include "net/http_client.hpp"
+#include "net/http_server.hpp"
 #include "tests/integration/interim_engine.hpp"
 
 #include <boost/json.hpp>

@@ -4,7 +4,7 @@
 // streamed answer arrives in order; a killed engine's traffic goes
 // elsewhere; Ctrl-C leaves nothing running; the demo runs; an engine that
 // cannot listen is named instead of the cluster being called up.
-#include "actors/http_client.hpp"
+#include "net/http_client.hpp"
 #include "tests/integration/child_process.hpp"
 #include "tests/integration/test_cluster.hpp"
 

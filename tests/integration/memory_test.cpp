@@ -1,8 +1,8 @@
 // Memory that clients made the gateway hold is given back to the system
 // when they go: resident size measured, in this process, around 20
 // half-sent 31 MiB bodies (the attack that left 493 MB behind).
-#include "actors/http_server.hpp"
 #include "apps/common/memory.hpp"
+#include "net/http_server.hpp"
 #include "tests/integration/sockets.hpp"
 
 #include <gtest/gtest.h>

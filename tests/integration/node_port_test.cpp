@@ -2,9 +2,9 @@
 // connections that never finish TLS, too many handshakes at once, and a
 // peer with a valid certificate whose BASP header announces 1 GiB. Real
 // `llmgw node` processes; the limits are enforced by actors/tls_hooks.cpp.
+#include "config/pki.hpp"
 #include "tests/integration/sockets.hpp"
 #include "tests/integration/test_cluster.hpp"
-#include "wire/pki.hpp"
 
 #include <caf/binary_serializer.hpp>
 #include <caf/node_id.hpp>

@@ -2,13 +2,13 @@
 // publishes are llmgw's hashes of its own /tokenize output, its replay
 // endpoint answers, data-parallel ranks publish on port + rank, and a
 // repeated prompt reports cached tokens.
-#include "actors/http_client.hpp"
+#include "net/http_client.hpp"
+#include "net/zmq_parts.hpp"
 #include "tests/integration/child_process.hpp"
 #include "tests/integration/test_cluster.hpp"
 #include "wire/block_hash.hpp"
 #include "wire/kv_events.hpp"
 #include "wire/zmq_message.hpp"
-#include "wire/zmq_parts.hpp"
 
 #include <boost/json.hpp>
 #include <gtest/gtest.h>

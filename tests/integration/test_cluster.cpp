@@ -1,8 +1,8 @@
 #include "tests/integration/test_cluster.hpp"
 
+#include "config/pki.hpp"
+#include "routing/replica_index.hpp"
 #include "tests/unit/support.hpp"
-#include "wire/pki.hpp"
-#include "wire/replica_index.hpp"
 
 #include <boost/json.hpp>
 #include <fmt/format.h>

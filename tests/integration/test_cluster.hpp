@@ -6,7 +6,7 @@
 // bounded.
 #pragma once
 
-#include "actors/http_client.hpp"
+#include "net/http_client.hpp"
 #include "tests/integration/child_process.hpp"
 
 #include <boost/json/value.hpp>

@@ -1,7 +1,7 @@
 // The router's block index and the replica registry above it: each rule, and
 // a randomized comparison with a plain reference model.
-#include "wire/block_index.hpp"
-#include "wire/replica_index.hpp"
+#include "routing/block_index.hpp"
+#include "routing/replica_index.hpp"
 
 #include <gtest/gtest.h>
 

@@ -3,8 +3,8 @@
 // agent-b (a stranger's), made once per test process in a fresh folder.
 #pragma once
 
-#include "wire/node_identity.hpp"
-#include "wire/pki.hpp"
+#include "config/node_identity.hpp"
+#include "config/pki.hpp"
 
 #include <gtest/gtest.h>
 

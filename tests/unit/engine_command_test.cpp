@@ -1,4 +1,4 @@
-#include "wire/engine_command.hpp"
+#include "config/engine_command.hpp"
 
 #include <boost/json.hpp>
 #include <gtest/gtest.h>

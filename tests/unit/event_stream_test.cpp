@@ -1,7 +1,7 @@
 // Following a publisher through gaps, replays, restarts and bad payloads,
 // with vLLM's own frames (S1_basic) and the block table as the mirror.
+#include "kv/event_stream.hpp"
 #include "tests/unit/support.hpp"
-#include "wire/event_stream.hpp"
 
 #include <boost/json.hpp>
 #include <gtest/gtest.h>
@@ -225,7 +225,7 @@ TEST(event_stream, late_start_with_a_buffer_that_no_longer_reaches_zero) {
   EXPECT_EQ(f.log, (std::vector<std::string>{"replay 0", "apply 3", "apply 4", "apply 5"}));
 }
 
-#include "wire/session_window.hpp"
+#include "kv/session_window.hpp"
 
 TEST(session_window, bounds_what_is_in_flight) {
   session_window w(2);

@@ -1,10 +1,10 @@
 // Node identity without actors: the key exchange, the transcript, proofs and
 // certificate checks, fingerprints, and MACs.
+#include "config/node_identity.hpp"
+#include "config/pki.hpp"
+#include "net/node_port_guard.hpp"
 #include "tests/unit/credentials.hpp"
 #include "tests/unit/support.hpp"
-#include "wire/node_identity.hpp"
-#include "wire/node_port_guard.hpp"
-#include "wire/pki.hpp"
 
 #include <gtest/gtest.h>
 

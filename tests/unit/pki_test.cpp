@@ -1,9 +1,9 @@
 // The private CA `llmgw certs` makes: where keys go and with what mode, how
 // long each certificate lives, and that files are replaced, never written
 // through a symlink.
-#include "wire/node_identity.hpp"
-#include "wire/openssl.hpp"
-#include "wire/pki.hpp"
+#include "base/openssl.hpp"
+#include "config/node_identity.hpp"
+#include "config/pki.hpp"
 
 #include <gtest/gtest.h>
 #include <openssl/pem.h>

@@ -1,6 +1,6 @@
 // Tier 1's approximate prefix tree: chained chunk hashes, the walk, and the
 // bounds (capacity with LRU order, TTL, the lazy queue's size).
-#include "wire/prefix_tree.hpp"
+#include "routing/prefix_tree.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // The router's decision: tiers, fallbacks, ties, the hot-spot guard, health,
 // LoRA adapters, and dry runs.
-#include "wire/router_core.hpp"
+#include "routing/router_core.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,8 +1,8 @@
 // State a control node's gateway shares with its actors: the router's
 // (wire::locked_router) and the tokenizer's cache (wire::token_cache).
+#include "routing/locked_router.hpp"
+#include "routing/token_cache.hpp"
 #include "wire/block_hash.hpp"
-#include "wire/locked_router.hpp"
-#include "wire/token_cache.hpp"
 
 #include <gtest/gtest.h>
 

@@ -2,8 +2,8 @@
 // its events followed by the agent's own block table to the same state.
 #include "apps/llmgw-sim/sim_cache.hpp"
 #include "apps/llmgw-sim/sim_text.hpp"
+#include "kv/block_table.hpp"
 #include "tests/unit/support.hpp"
-#include "wire/block_table.hpp"
 
 #include <boost/json.hpp>
 #include <gtest/gtest.h>

@@ -1,7 +1,7 @@
 // Helpers shared by the unit tests: files, hex, and the captures' location.
 #pragma once
 
-#include "wire/block_table.hpp"
+#include "kv/block_table.hpp"
 
 #include <boost/json/value.hpp>
 

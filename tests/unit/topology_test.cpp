@@ -1,8 +1,8 @@
 // The topology file: what a valid one gives, and one test per kind of bad
 // configuration, each checking the message and the line it points at.
-#include "wire/node_identity.hpp"
-#include "wire/pki.hpp"
-#include "wire/topology.hpp"
+#include "config/node_identity.hpp"
+#include "config/pki.hpp"
+#include "config/topology.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,0 +1,122 @@
+// The gateway: a control node's HTTP front (actors/http_server). It decides
+// on its own HTTP thread against the router's shared state
+// (wire::locked_router) and looks prompts up in the tokenizer's shared cache
+// (wire::token_cache): a request with token ids or a prompt seen before
+// crosses no thread. It talks to the control and tokenizer actors without
+// blocking any of them: a one-shot actor asks and hands the answer to the
+// connection's responder.
+//
+// Endpoints:
+//   GET  /healthz          the node is up
+//   GET  /metrics          Prometheus text: router, control and HTTP counters
+//   GET  /v1/models        models and LoRA adapters of the topology
+//   GET  /v1/kv/replicas   what the index holds per replica
+//   POST /v1/completions, /v1/chat/completions
+//                          proxied to the chosen replica (actors/proxy.hpp)
+//   POST /v1/route         a completion or chat body: the decision and every
+//                          replica's tier-1 and tier-2 score, nothing proxied
+// Errors the gateway makes itself are OpenAI-style JSON. With an admin
+// address, a second listener with connections of its own serves /healthz,
+// /metrics and /v1/kv/replicas (and the gateway's port no longer serves the
+// last two): probes and scrapes get through however many connections
+// clients hold on the gateway's port, and clients do not see the index.
+//
+// Routing a request (route_flow): take the prompt's token ids, or its tokens
+// from the cache, or tokenize through the tokenizer; hash the blocks and the
+// tier-1 chunks; decide.
+#pragma once
+
+#include "actors/interfaces.hpp"
+#include "config/topology.hpp"
+#include "net/http_server.hpp"
+#include "wire/openai_request.hpp"
+
+#include <caf/fwd.hpp>
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace llmgw {
+
+class http_client;
+class io_loop;
+struct proxy_stats;
+struct control_options;
+
+namespace wire {
+class locked_router;
+class metrics_text;
+class token_cache;
+} // namespace wire
+
+/// The actors a gateway talks to, and the state it shares with them.
+struct gateway_peers {
+  router_actor router;
+  control_actor control;
+  tokenizer_actor tokenizer;
+  std::shared_ptr<wire::locked_router> shared_router; ///< the router actor's state
+  std::shared_ptr<wire::token_cache> token_cache;     ///< the tokenizer's cache
+};
+
+/// Spawns a control node's router, control and tokenizer actors, with the
+/// state they share with the node's gateway.
+gateway_peers spawn_control_plane(caf::actor_system& sys, const control_options& opts);
+
+/// Tells those actors to stop (a null `peers` is nothing to stop).
+void stop_control_plane(const gateway_peers& peers);
+
+/// Routes one parsed request, leaving out the replicas in `exclude`; `done`
+/// gets the decision: on the calling thread when no tokenizing is needed,
+/// else from an actor's thread.
+/// The request and `exclude` are copied only when the tokenizer is asked.
+void route_flow(caf::actor_system& sys, const gateway_peers& peers,
+                const std::shared_ptr<const wire::topology>& topo, const wire::routing_request& req,
+                bool dry_run, std::function<void(const wire::route_decision&)> done,
+                const std::vector<std::string>& exclude = {});
+
+class gateway {
+public:
+  /// Listens on the control node's http address (port 0: any), and on its
+  /// admin address when `admin_host` is not empty. On failure, error() says
+  /// why and port() is 0.
+  gateway(caf::actor_system& sys, std::shared_ptr<const wire::topology> topo,
+          const std::string& host, std::uint16_t port, gateway_peers peers,
+          const std::string& admin_host = {}, std::uint16_t admin_port = 0);
+  ~gateway();
+
+  std::uint16_t port() const noexcept { return error_.empty() ? server_->port() : 0; }
+  /// The admin listener's port (0 without one).
+  std::uint16_t admin_port() const noexcept { return admin_ ? admin_->port() : 0; }
+  const std::string& error() const noexcept { return error_; }
+
+  /// Stops serving; requests in flight get no answer.
+  void stop();
+
+  /// Adds what `f` writes to /metrics (an agent's counters on a node with
+  /// both roles).
+  void add_metrics(std::function<void(wire::metrics_text&)> f);
+
+private:
+  void handle(http_request&& req, http_responder respond);
+  /// The endpoints both listeners serve; false if `path` is none of them.
+  bool handle_admin(const std::string& path, const http_request& req, http_responder& respond);
+  /// The upstream client on the calling thread's loop.
+  std::shared_ptr<http_client> upstream_here() const;
+
+  caf::actor_system& sys_;
+  std::shared_ptr<const wire::topology> topo_;
+  gateway_peers peers_;
+  std::string models_json_;
+  std::shared_ptr<proxy_stats> stats_;
+  /// The upstream client of each loop (before server_: stopped after it).
+  std::vector<std::pair<const io_loop*, std::shared_ptr<http_client>>> upstreams_;
+  std::unique_ptr<http_server> server_;
+  std::unique_ptr<http_server> admin_;
+  std::string error_;
+  std::mutex extra_mtx_;
+  std::function<void(wire::metrics_text&)> extra_metrics_;
+};
+
+} // namespace llmgw

@@ -1,0 +1,368 @@
+#include "gateway/proxy.hpp"
+
+#include "base/log.hpp"
+#include "routing/locked_router.hpp"
+
+#include <algorithm>
+#include <optional>
+#include <string_view>
+
+namespace llmgw {
+
+namespace {
+
+std::vector<double> seconds_bounds() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300};
+}
+
+/// ASCII case folding: header names are ASCII, and std::tolower asks the
+/// locale for every character.
+char lower(char c) {
+  return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c;
+}
+
+bool iequals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size())
+    return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (lower(a[i]) != lower(b[i]))
+      return false;
+  return true;
+}
+
+/// Headers a proxy must not pass on (hop-by-hop, or framing it redoes).
+/// Expect is answered by the gateway's own server (100 Continue) before the
+/// body is read; passed on, it would make the engine send an interim answer.
+bool hop_by_hop(std::string_view name) {
+  using namespace std::string_view_literals;
+  static constexpr std::string_view names[] = {"connection"sv,
+                                               "proxy-connection"sv,
+                                               "expect"sv,
+                                               "keep-alive"sv,
+                                               "proxy-authenticate"sv,
+                                               "proxy-authorization"sv,
+                                               "te"sv,
+                                               "trailer"sv,
+                                               "transfer-encoding"sv,
+                                               "upgrade"sv,
+                                               "content-length"sv,
+                                               "host"sv,
+                                               "server"sv,
+                                               "date"sv};
+  for (auto h : names)
+    if (iequals(name, h))
+      return true;
+  return false;
+}
+
+using header_list = std::vector<std::pair<std::string, std::string>>;
+
+/// The header names a message's Connection headers list: they are meant for
+/// this hop alone (RFC 9110, section 7.6.1), and a proxy drops them too.
+std::vector<std::string_view> connection_options(const header_list& headers) {
+  std::vector<std::string_view> names;
+  for (const auto& [k, v] : headers) {
+    if (!iequals(k, "connection"))
+      continue;
+    std::string_view rest = v;
+    while (!rest.empty()) {
+      auto comma = rest.find(',');
+      auto token = rest.substr(0, comma);
+      while (!token.empty() && (token.front() == ' ' || token.front() == '\t'))
+        token.remove_prefix(1);
+      while (!token.empty() && (token.back() == ' ' || token.back() == '\t'))
+        token.remove_suffix(1);
+      if (!token.empty())
+        names.push_back(token);
+      rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    }
+  }
+  return names;
+}
+
+/// True unless `name` is hop-by-hop or listed in `named` (connection_options).
+bool end_to_end(std::string_view name, const std::vector<std::string_view>& named) {
+  if (hop_by_hop(name))
+    return false;
+  return std::none_of(named.begin(), named.end(),
+                      [name](std::string_view n) { return iequals(n, name); });
+}
+
+double since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+/// One client request, through its attempts.
+class proxied : public std::enable_shared_from_this<proxied> {
+public:
+  proxied(const proxy_context& ctx, http_request&& req, http_responder respond, std::string path,
+          wire::routing_request routing)
+    : ctx_(ctx), req_(std::move(req)), respond_(std::move(respond)), path_(std::move(path)),
+      routing_(std::move(routing)), started_(std::chrono::steady_clock::now()) {}
+
+  void start() {
+    std::weak_ptr<proxied> weak = shared_from_this(); // the responder must not own us
+    respond_.on_disconnect([weak] {
+      if (auto self = weak.lock())
+        self->client_left();
+    });
+    route();
+  }
+
+private:
+  void route() {
+    auto self = shared_from_this();
+    route_flow(
+      ctx_.sys, ctx_.peers, ctx_.topo, routing_, false,
+      [self](const wire::route_decision& d) { self->on_decision(d); }, tried_);
+  }
+
+  void on_decision(const wire::route_decision& d) {
+    if (d.replica.empty()) {
+      if (!last_error_.empty())
+        return finish_error(502, "BadGatewayError",
+                            "no replica could answer; the last one failed: " + last_error_);
+      bool unknown = d.error.rfind("no replica serves", 0) == 0;
+      return finish_error(unknown ? 404 : 503,
+                          unknown ? "NotFoundError" : "ServiceUnavailableError", d.error);
+    }
+    std::lock_guard<std::mutex> g(mtx_);
+    if (gone_) {
+      ctx_.peers.shared_router->finished(d.replica); // never sent
+      return;
+    }
+    // What the relay needs; the candidates' scores stay behind.
+    decision_.replica = d.replica;
+    decision_.url = d.url;
+    decision_.tier = d.tier;
+    decision_.dp_rank = d.dp_rank;
+    tried_.push_back(d.replica);
+    std::vector<std::pair<std::string, std::string>> headers;
+    auto named = connection_options(req_.headers);
+    for (const auto& [k, v] : req_.headers)
+      if (end_to_end(k, named) && !iequals(k, "x-data-parallel-rank"))
+        headers.emplace_back(k, v);
+    if (d.dp_rank >= 0) {
+      const auto* e = ctx_.topo->find_engine(d.replica);
+      if (e && e->dp_size > 1)
+        headers.emplace_back("X-data-parallel-rank", std::to_string(d.dp_rank));
+    }
+    auto self = shared_from_this();
+    http_call_handlers h;
+    h.on_head = [self](int status, const std::vector<std::pair<std::string, std::string>>& hs) {
+      self->on_head(status, hs);
+    };
+    h.on_data = [self](const std::string& data) { self->on_data(data); };
+    h.on_done = [self](const std::string& err) { self->on_done(err); };
+    auto upstream = ctx_.upstream.lock();
+    if (!upstream) { // the gateway is shutting down
+      ctx_.peers.shared_router->finished(d.replica);
+      respond_(http_reply{
+        503,
+        "application/json",
+        wire::openai_error_json("the gateway is stopping", "ServiceUnavailableError", 503),
+        {}});
+      return;
+    }
+    call_ =
+      upstream->call("POST", d.url, path_, req_.body, headers, ctx_.topo->gateway.connect_timeout,
+                     ctx_.topo->gateway.request_timeout, std::move(h));
+  }
+
+  void on_head(int status, const std::vector<std::pair<std::string, std::string>>& headers) {
+    std::lock_guard<std::mutex> g(mtx_);
+    head_ = true;
+    status_ = status;
+    std::string content_type = "application/json";
+    bool chunked = false;
+    auto named = connection_options(headers);
+    for (const auto& [k, v] : headers) {
+      if (iequals(k, "content-type"))
+        content_type = v;
+      else if (iequals(k, "transfer-encoding"))
+        chunked = true;
+      else if (end_to_end(k, named))
+        relay_headers_.emplace_back(k, v);
+    }
+    relay_headers_.emplace_back("x-llmgw-replica", decision_.replica);
+    relay_headers_.emplace_back("x-llmgw-tier", wire::to_string(decision_.tier));
+    content_type_ = content_type;
+    streaming_ = chunked || content_type.rfind("text/event-stream", 0) == 0;
+    if (streaming_) {
+      stream_ = respond_.stream(status, content_type, std::move(relay_headers_));
+      {
+        std::lock_guard<std::mutex> s(ctx_.stats->mtx);
+        ctx_.stats->first_byte_seconds.observe(since(started_));
+      }
+    }
+  }
+
+  void on_data(const std::string& data) {
+    std::lock_guard<std::mutex> g(mtx_);
+    if (streaming_) {
+      if (!stream_ || !stream_->write(data)) {
+        if (auto call = call_.lock())
+          call->cancel(); // the client is gone or not reading
+      }
+      return;
+    }
+    body_ += data;
+  }
+
+  void on_done(const std::string& err) {
+    std::unique_lock<std::mutex> g(mtx_);
+    ctx_.peers.shared_router->finished(decision_.replica);
+    call_.reset();
+    if (gone_)
+      return;
+    if (err.empty()) {
+      if (streaming_) {
+        stream_->end();
+      } else {
+        std::lock_guard<std::mutex> s(ctx_.stats->mtx);
+        ctx_.stats->first_byte_seconds.observe(since(started_));
+      }
+      auto status = status_;
+      g.unlock();
+      if (!streaming_)
+        respond_(http_reply{status, content_type_, std::move(body_), std::move(relay_headers_)});
+      count(status);
+      return;
+    }
+    // The replica failed.
+    auto reason = err.rfind("connect", 0) == 0                 ? "connect"
+                  : err.find("timed out") != std::string::npos ? "timeout"
+                                                               : "broken";
+    {
+      std::lock_guard<std::mutex> s(ctx_.stats->mtx);
+      ++ctx_.stats->failures[{decision_.replica, head_ ? "after_first_byte" : reason}];
+    }
+    if (auto n = ctx_.stats->failure_log.admit(decision_.replica + "/" + reason))
+      LLMGW_LOG(warning, "gateway", "replica {} failed a request ({}){}{}", decision_.replica,
+                log::printable(err), head_ ? ": the response is cut short" : "",
+                wire::burst_note(n));
+    if (head_) {
+      if (streaming_) {
+        stream_->end();
+        auto status = status_;
+        g.unlock();
+        count(status);
+      } else {
+        g.unlock();
+        finish_error(502, "BadGatewayError",
+                     "replica " + decision_.replica + " failed mid-response: " + err);
+      }
+      return;
+    }
+    // Nothing was relayed: avoid this replica for a while and try the next.
+    ctx_.peers.shared_router->mark_down(decision_.replica, ctx_.topo->gateway.down_for);
+    last_error_ = "replica " + decision_.replica + ": " + err;
+    if (tried_.size() >= ctx_.topo->gateway.max_attempts) {
+      g.unlock();
+      finish_error(502, "BadGatewayError",
+                   "tried " + std::to_string(tried_.size())
+                     + " replicas; the last: " + last_error_);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> s(ctx_.stats->mtx);
+      ++ctx_.stats->retries;
+    }
+    g.unlock();
+    route();
+  }
+
+  void client_left() {
+    std::lock_guard<std::mutex> g(mtx_);
+    if (gone_)
+      return;
+    gone_ = true;
+    {
+      std::lock_guard<std::mutex> s(ctx_.stats->mtx);
+      ++ctx_.stats->client_disconnects;
+    }
+    if (auto call = call_.lock())
+      call->cancel(); // on_done reports the replica finished
+  }
+
+  void finish_error(int status, const std::string& type, const std::string& message) {
+    respond_(
+      http_reply{status, "application/json", wire::openai_error_json(message, type, status), {}});
+    count(status);
+  }
+
+  void count(int status) {
+    std::lock_guard<std::mutex> s(ctx_.stats->mtx);
+    ++ctx_.stats->responses[{path_, status}];
+    ctx_.stats->total_seconds.observe(since(started_));
+  }
+
+  proxy_context ctx_;
+  http_request req_;
+  http_responder respond_;
+  std::string path_;
+  wire::routing_request routing_;
+  std::chrono::steady_clock::time_point started_;
+  std::mutex mtx_;
+  std::vector<std::string> tried_;
+  wire::route_decision decision_;
+  /// Held weakly: the call's handlers hold this request, and its pending
+  /// operations hold the call; a strong reference back would be a cycle
+  /// that outlives a loop stopped with the call in flight.
+  std::weak_ptr<http_call> call_;
+  std::optional<http_stream> stream_;
+  std::vector<std::pair<std::string, std::string>> relay_headers_;
+  std::string content_type_;
+  std::string body_;
+  std::string last_error_;
+  int status_ = 0;
+  bool head_ = false;
+  bool streaming_ = false;
+  bool gone_ = false;
+};
+
+} // namespace
+
+proxy_stats::proxy_stats()
+  : first_byte_seconds(seconds_bounds()), total_seconds(seconds_bounds()) {}
+
+void proxy_stats::append(wire::metrics_text& m) const {
+  std::lock_guard<std::mutex> g(mtx);
+  for (const auto& [key, n] : responses)
+    m.counter("llmgw_gateway_responses_total", "Proxied requests answered, by endpoint and status.",
+              static_cast<double>(n),
+              {{"endpoint", key.first}, {"code", std::to_string(key.second)}});
+  if (responses.empty())
+    m.counter("llmgw_gateway_responses_total", "Proxied requests answered, by endpoint and status.",
+              0);
+  for (const auto& [key, n] : failures)
+    m.counter("llmgw_upstream_failures_total",
+              "Requests a replica failed: connect, timeout, broken (before any byte), "
+              "after_first_byte.",
+              static_cast<double>(n), {{"replica", key.first}, {"reason", key.second}});
+  m.counter("llmgw_upstream_retries_total", "Requests sent to another replica after a failure.",
+            static_cast<double>(retries));
+  m.counter("llmgw_client_disconnects_total", "Clients that left before their answer was done.",
+            static_cast<double>(client_disconnects));
+  m.histogram("llmgw_gateway_first_byte_seconds",
+              "From the request to the first byte relayed (time to first token, streamed).",
+              first_byte_seconds);
+  m.histogram("llmgw_gateway_request_seconds", "From the request to its answer done.",
+              total_seconds);
+}
+
+void proxy_request(const proxy_context& ctx, http_request&& req, http_responder respond,
+                   const std::string& path, wire::request_kind kind) {
+  auto parsed = wire::parse_routing_request(req.body, kind);
+  if (!parsed) {
+    auto body = wire::openai_error_json(parsed.err().message, "BadRequestError", 400);
+    respond(http_reply{400, "application/json", std::move(body), {}});
+    std::lock_guard<std::mutex> s(ctx.stats->mtx);
+    ++ctx.stats->responses[{path, 400}];
+    return;
+  }
+  std::make_shared<proxied>(ctx, std::move(req), std::move(respond), path, std::move(*parsed))
+    ->start();
+}
+
+} // namespace llmgw

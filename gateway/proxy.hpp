@@ -1,0 +1,60 @@
+// The gateway's proxy: one OpenAI request (/v1/completions or
+// /v1/chat/completions) to the replica the router chooses.
+//
+// - The request body goes upstream byte for byte, with the client's headers
+//   (hop-by-hop ones dropped, with those the Connection header names, and
+//   Expect, which the gateway's server answers itself); for a prefix held by one data-parallel
+//   rank, X-data-parallel-rank names it (vLLM honours it).
+// - The answer comes back with its status and headers, plus x-llmgw-replica
+//   and x-llmgw-tier. An event stream (or any chunked body) is relayed piece
+//   by piece as it arrives; a body of known length is relayed whole.
+// - A replica that refuses the connection or fails before any byte came back
+//   is marked down for a while and the next best is tried, up to
+//   max_attempts in all; the failure is counted. Once bytes were relayed, a
+//   failure ends the response where it is (nothing can be taken back).
+// - A client that leaves cancels the upstream request.
+// - Every routed request is reported finished to the router (its load).
+#pragma once
+
+#include "base/burst_log.hpp"
+#include "gateway/gateway.hpp"
+#include "net/http_client.hpp"
+#include "wire/metrics_text.hpp"
+
+#include <map>
+#include <mutex>
+
+namespace llmgw {
+
+/// What the proxy counts (read by /metrics).
+struct proxy_stats {
+  proxy_stats();
+  mutable std::mutex mtx;
+  std::map<std::pair<std::string, int>, std::uint64_t> responses;        ///< (endpoint, status)
+  std::map<std::pair<std::string, std::string>, std::uint64_t> failures; ///< (replica, reason)
+  std::uint64_t retries = 0;
+  std::uint64_t client_disconnects = 0;
+  wire::histogram first_byte_seconds; ///< request in -> first upstream byte out
+  wire::histogram total_seconds;      ///< request in -> response done
+  wire::burst_log failure_log;        ///< replica failures are logged once per burst
+
+  void append(wire::metrics_text& m) const;
+};
+
+/// Everything a proxied request needs, shared by the gateway's requests. A
+/// request may outlive the gateway (an answer arriving during shutdown): the
+/// stats are shared, the upstream client is held weakly and locked only on
+/// an actor's thread (never on the client's own, which it would then join).
+struct proxy_context {
+  caf::actor_system& sys;
+  gateway_peers peers;
+  std::shared_ptr<const wire::topology> topo;
+  std::weak_ptr<http_client> upstream;
+  std::shared_ptr<proxy_stats> stats;
+};
+
+/// Proxies one request to /v1/completions or /v1/chat/completions (`path`).
+void proxy_request(const proxy_context& ctx, http_request&& req, http_responder respond,
+                   const std::string& path, wire::request_kind kind);
+
+} // namespace llmgw

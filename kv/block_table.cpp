@@ -1,0 +1,247 @@
+#include "kv/block_table.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace llmgw::wire {
+
+medium medium_of(std::string_view name) noexcept {
+  if (name == "GPU")
+    return medium::gpu;
+  if (name == "CPU")
+    return medium::cpu;
+  return medium::storage;
+}
+
+const char* to_string(medium m) noexcept {
+  switch (m) {
+  case medium::gpu:
+    return "gpu";
+  case medium::cpu:
+    return "cpu";
+  case medium::storage:
+    return "storage";
+  }
+  return "unknown";
+}
+
+const char* to_string(reset_reason r) noexcept {
+  switch (r) {
+  case reset_reason::gap:
+    return "gap";
+  case reset_reason::restart:
+    return "restart";
+  case reset_reason::clear:
+    return "clear";
+  case reset_reason::engine_exit:
+    return "engine_exit";
+  case reset_reason::decode_error:
+    return "decode_error";
+  }
+  return "unknown";
+}
+
+const char* to_string(parity_state p) noexcept {
+  switch (p) {
+  case parity_state::unknown:
+    return "unknown";
+  case parity_state::verified:
+    return "verified";
+  case parity_state::mismatch:
+    return "mismatch";
+  }
+  return "unknown";
+}
+
+block_table::block_table(std::optional<parity_config> parity) : parity_config_(std::move(parity)) {
+  if (parity_config_)
+    hasher_.emplace(parity_config_->seed, parity_config_->block_size);
+}
+
+apply_counts block_table::apply(const event_batch& batch) {
+  apply_counts counts;
+  for (const auto& ev : batch.events) {
+    auto where = medium_of(ev.medium_or_gpu());
+    auto group = ev.group_idx.value_or(0);
+    switch (ev.kind) {
+    case event_kind::block_stored:
+      check_parity(ev, counts);
+      for (const auto& h : ev.block_hashes)
+        store({h.key, where}, group);
+      counts.stored += ev.block_hashes.size();
+      break;
+    case event_kind::block_removed:
+      for (const auto& h : ev.block_hashes)
+        if (!remove({h.key, where}, group))
+          ++counts.ignored_removes;
+      counts.removed += ev.block_hashes.size();
+      break;
+    case event_kind::all_blocks_cleared:
+      reset(reset_reason::clear);
+      ++counts.clears;
+      break;
+    }
+  }
+  return counts;
+}
+
+void block_table::store(const block_ref& ref, std::int64_t group) {
+  auto& n = refs_[{ref.key, ref.where, group}];
+  if (n++ > 0)
+    return;
+  auto& groups = presence_[ref];
+  if (groups++ == 0)
+    presence_changed(ref, false);
+}
+
+bool block_table::remove(const block_ref& ref, std::int64_t group) {
+  auto it = refs_.find({ref.key, ref.where, group});
+  if (it == refs_.end())
+    return false;
+  if (--it->second > 0)
+    return true;
+  refs_.erase(it);
+  auto p = presence_.find(ref);
+  if (--p->second == 0) {
+    presence_.erase(p);
+    if (ref.where == medium::gpu)
+      digests_.erase(ref.key);
+    presence_changed(ref, true);
+  }
+  return true;
+}
+
+void block_table::presence_changed(const block_ref& ref, bool was) {
+  for (auto& [id, peer] : peers_) {
+    auto it = peer.changed.find(ref);
+    if (it == peer.changed.end())
+      peer.changed.emplace(ref, was);
+    else if (it->second == !was)
+      peer.changed.erase(it); // back to what the peer last saw: nothing to send
+  }
+}
+
+void block_table::reset(reset_reason) {
+  refs_.clear();
+  presence_.clear();
+  digests_.clear();
+  ++epoch_;
+  parity_ = parity_state::unknown;
+  parity_message_.clear();
+  for (auto& [id, peer] : peers_) {
+    peer.reset_pending = true;
+    peer.changed.clear(); // after the reset a peer's copy is empty
+  }
+}
+
+table_delta block_table::subscribe(peer_id peer) {
+  auto& state = peers_[peer];
+  state.changed.clear();
+  state.reset_pending = false;
+  table_delta delta;
+  delta.epoch = epoch_;
+  delta.reset = true;
+  delta.added = held();
+  return delta;
+}
+
+table_delta block_table::drain(peer_id peer) {
+  table_delta delta;
+  delta.epoch = epoch_;
+  auto it = peers_.find(peer);
+  if (it == peers_.end())
+    return delta;
+  auto& state = it->second;
+  delta.reset = state.reset_pending;
+  state.reset_pending = false;
+  for (const auto& [ref, was] : state.changed) {
+    if (was)
+      delta.removed.push_back(ref);
+    else
+      delta.added.push_back(ref);
+  }
+  state.changed.clear();
+  std::sort(delta.added.begin(), delta.added.end());
+  std::sort(delta.removed.begin(), delta.removed.end());
+  return delta;
+}
+
+void block_table::unsubscribe(peer_id peer) {
+  peers_.erase(peer);
+}
+
+std::vector<block_ref> block_table::held() const {
+  std::vector<block_ref> out;
+  out.reserve(presence_.size());
+  for (const auto& [ref, groups] : presence_)
+    out.push_back(ref);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::size_t block_table::pending_size(peer_id peer) const {
+  auto it = peers_.find(peer);
+  return it == peers_.end() ? 0 : it->second.changed.size();
+}
+
+void block_table::flag_mismatch(std::string message) {
+  if (parity_ == parity_state::mismatch)
+    return; // the first mismatch says it; later ones add nothing
+  parity_ = parity_state::mismatch;
+  parity_message_ = std::move(message);
+}
+
+void block_table::check_parity(const kv_event& ev, apply_counts& counts) {
+  if (!hasher_ || parity_ == parity_state::mismatch)
+    return;
+  if (medium_of(ev.medium_or_gpu()) != medium::gpu || ev.token_ids.empty())
+    return; // offloading tiers publish placeholders without tokens
+  const auto n = ev.block_hashes.size();
+  const auto bs = hasher_->block_size();
+  if (ev.block_size != bs) {
+    flag_mismatch(fmt::format("engine publishes block size {}, the topology says {}: start it with "
+                              "--block-size {}",
+                              ev.block_size, bs, bs));
+    counts.mismatch_found = true;
+    return;
+  }
+  // Extra keys (LoRA name, salt, multimodal) are needed to recompute a hash;
+  // vLLM publishes them since 2026-02. Without them a block cannot be checked.
+  if (!ev.extra_keys || ev.extra_keys->size() != n || ev.token_ids.size() != n * bs)
+    return;
+  digest parent = hasher_->root();
+  if (ev.parent_block_hash) {
+    const auto& p = *ev.parent_block_hash;
+    if (p.digest_size == 32) {
+      std::copy(p.digest.begin(), p.digest.end(), parent.begin());
+    } else {
+      auto known = digests_.find(p.key);
+      if (known == digests_.end())
+        return; // the parent was never checked here: nothing to chain from
+      parent = known->second;
+    }
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    auto d = hasher_->hash_one(parent, ev.token_ids.data() + i * bs, bs, (*ev.extra_keys)[i]);
+    const auto& published = ev.block_hashes[i];
+    bool same = published.digest_size == 32
+                  ? std::equal(d.begin(), d.end(), published.digest.begin())
+                  : key_of(d) == published.key;
+    if (!same) {
+      flag_mismatch(fmt::format(
+        "block {} of a stored run hashes to {} here but the engine published {}: start the "
+        "engine with --prefix-caching-hash-algo sha256_cbor and PYTHONHASHSEED={}",
+        i, key_of(d), published.key, parity_config_->seed));
+      counts.mismatch_found = true;
+      return;
+    }
+    digests_[published.key] = d;
+    parent = d;
+    ++counts.verified;
+  }
+  if (counts.verified > 0 && parity_ == parity_state::unknown)
+    parity_ = parity_state::verified;
+}
+
+} // namespace llmgw::wire

@@ -1,0 +1,463 @@
+#include "net/http_client.hpp"
+
+#include "net/io_loop_impl.hpp"
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include <array>
+#include <cerrno>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include <sys/socket.h>
+
+namespace llmgw {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+
+bool split_http_url(const std::string& url, std::string& host, std::string& port) {
+  if (url.rfind("http://", 0) != 0)
+    return false;
+  auto rest = url.substr(7);
+  while (!rest.empty() && rest.back() == '/')
+    rest.pop_back();
+  auto colon = rest.rfind(':');
+  if (colon == std::string::npos || colon == 0 || rest.find('/') != std::string::npos)
+    return false;
+  host = rest.substr(0, colon);
+  port = rest.substr(colon + 1);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  return !port.empty();
+}
+
+namespace {
+
+/// Connections run on the client's one-thread loop, with its executor named
+/// rather than type-erased (any_io_executor costs per operation).
+using executor = asio::io_context::executor_type;
+using socket_type = tcp::socket::rebind_executor<executor>::other;
+
+/// A connection to an upstream with its read buffers: they are kept with it
+/// while it idles in the pool, so a call on it allocates none (a 16 KiB
+/// allocation per call also made malloc consolidate its free lists).
+struct upstream_connection {
+  explicit upstream_connection(const executor& ex) : socket(ex) {}
+  socket_type socket;
+  beast::flat_buffer buffer;
+  std::chrono::steady_clock::time_point idle_since; ///< when it went back to the pool
+  char chunk[16384];
+};
+
+/// True if an idle connection is still fit to carry a request: the upstream
+/// has neither closed it (a keep-alive timeout: uvicorn closes idle
+/// connections after a few seconds) nor sent anything unasked. Bytes on an
+/// idle connection belong to no request of ours, and the next caller must
+/// never read them as its answer. A connection idle under a millisecond is
+/// not asked: under load that check was one system call per request (about
+/// 5% of the proxy's CPU), and neither a keep-alive timeout nor (for an
+/// engine that answers what it is asked) unasked bytes come that soon.
+bool quiet(upstream_connection& c) {
+  if (std::chrono::steady_clock::now() - c.idle_since < std::chrono::milliseconds(1))
+    return true;
+  char byte;
+  auto n = ::recv(c.socket.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
+/// Idle keep-alive connections to upstreams, by "host:port": a proxied
+/// request need not pay a TCP connect.
+struct connection_pool {
+  static constexpr std::size_t max_idle_per_host = 64;
+  std::mutex mtx;
+  std::map<std::string, std::vector<std::unique_ptr<upstream_connection>>> idle;
+
+  /// An idle connection that is still quiet, or null; the others are closed.
+  std::unique_ptr<upstream_connection> take(const std::string& key) {
+    std::lock_guard<std::mutex> g(mtx);
+    auto it = idle.find(key);
+    while (it != idle.end() && !it->second.empty()) {
+      auto s = std::move(it->second.back());
+      it->second.pop_back();
+      if (quiet(*s))
+        return s;
+      beast::error_code ignored;
+      s->socket.close(ignored);
+    }
+    return nullptr;
+  }
+
+  void give(const std::string& key, std::unique_ptr<upstream_connection> s) {
+    s->idle_since = std::chrono::steady_clock::now();
+    std::lock_guard<std::mutex> g(mtx);
+    auto& list = idle[key];
+    if (list.size() < max_idle_per_host)
+      list.push_back(std::move(s));
+  }
+};
+
+/// Headers a request must not carry twice or from the caller: this client
+/// frames the request itself, and sends its body at once (never waiting for
+/// a 100 Continue, so it asks for none).
+bool framing_header(const std::string& name) {
+  for (const char* h : {"host", "content-length", "transfer-encoding", "connection", "expect"})
+    if (beast::iequals(name, h))
+      return true;
+  return false;
+}
+
+/// A streamed call: head first, then the body as it arrives. It uses an idle
+/// pooled connection when there is one (trying a fresh one if that turns
+/// out closed before any response byte). Interim answers (100 Continue, 103
+/// Early Hints: a server may send them unasked) are read and skipped: only
+/// the final answer is the caller's. The connection goes back to the pool
+/// only after a complete, well-framed final answer with nothing read beyond
+/// it; in any other state it is closed, so no later call can read what
+/// belonged to this one. Everything after start() runs on the loop.
+class streaming_call : public http_call, public std::enable_shared_from_this<streaming_call> {
+public:
+  streaming_call(asio::io_context& io, std::shared_ptr<connection_pool> pool,
+                 const std::string& method, std::string host, std::string port,
+                 const std::string& target, std::string body,
+                 const std::vector<std::pair<std::string, std::string>>& headers,
+                 std::chrono::milliseconds connect_timeout, std::chrono::milliseconds timeout,
+                 http_call_handlers handlers)
+    : io_(io), pool_(std::move(pool)), deadline_timer_(io), host_(std::move(host)),
+      port_(std::move(port)), key_(host_ + ":" + port_), connect_timeout_(connect_timeout),
+      deadline_(std::chrono::steady_clock::now() + timeout), handlers_(std::move(handlers)),
+      body_(std::move(body)) {
+    // The head by hand: Beast's message would allocate a node per field
+    // and serialize them again.
+    head_.reserve(128 + target.size());
+    head_ += method;
+    head_ += ' ';
+    head_ += target;
+    head_ += " HTTP/1.1\r\nHost: ";
+    head_ += key_;
+    head_ += "\r\n";
+    bool agent = false; // the caller's User-Agent goes on; else llmgw's
+    auto clean = [](const std::string& x) { return x.find_first_of("\r\n") == std::string::npos; };
+    for (const auto& [k, v] : headers) {
+      if (k.empty() || !clean(k) || !clean(v) || framing_header(k))
+        continue;
+      agent = agent || beast::iequals(k, "user-agent");
+      head_ += k;
+      head_ += ": ";
+      head_ += v;
+      head_ += "\r\n";
+    }
+    if (!agent)
+      head_ += "User-Agent: llmgw\r\n";
+    head_ += "Content-Length: ";
+    head_ += std::to_string(body_.size());
+    head_ += "\r\n\r\n";
+  }
+
+  void start() {
+    auto self = shared_from_this();
+    asio::dispatch(io_.get_executor(), [self] { self->begin(); });
+  }
+
+  void cancel() override {
+    auto self = shared_from_this();
+    asio::dispatch(io_.get_executor(), [self] {
+      self->cancelled_ = true;
+      self->drop_socket();
+    });
+  }
+
+private:
+  /// On the loop: arms the call's one timer (Beast's per-operation expiry
+  /// would arm and cancel one for every read and write), then writes on an
+  /// idle connection or connects.
+  void begin() {
+    if (cancelled_)
+      return finish("cancelled");
+    stream_ = pool_->take(key_);
+    if (stream_) {
+      reused_ = true;
+      arm(deadline_);
+      return write();
+    }
+    connect();
+  }
+
+  /// The timer fires at `when`: the socket and resolver are closed, and the
+  /// operation in progress ends as timed out.
+  void arm(std::chrono::steady_clock::time_point when) {
+    std::weak_ptr<streaming_call> weak = shared_from_this();
+    deadline_timer_.expires_at(when);
+    deadline_timer_.async_wait([weak](const beast::error_code& ec) {
+      auto self = weak.lock();
+      if (ec || !self || self->done_)
+        return;
+      self->timed_out_ = true;
+      if (self->resolver_)
+        self->resolver_->cancel();
+      self->drop_socket();
+    });
+  }
+
+  void drop_socket() {
+    if (!stream_)
+      return;
+    beast::error_code ignored;
+    stream_->socket.shutdown(tcp::socket::shutdown_both, ignored);
+    stream_->socket.close(ignored);
+  }
+
+  void connect() {
+    reused_ = false;
+    stream_ = std::make_unique<upstream_connection>(io_.get_executor());
+    if (!resolver_)
+      resolver_.emplace(io_.get_executor());
+    arm(std::min(deadline_, std::chrono::steady_clock::now() + connect_timeout_));
+    auto self = shared_from_this();
+    resolver_->async_resolve(
+      host_, port_, [self](beast::error_code ec, const tcp::resolver::results_type& rs) {
+        if (ec)
+          return self->finish(self->timed_out_ ? "resolve: timed out" : "resolve: " + ec.message());
+        asio::async_connect(self->stream_->socket, rs,
+                            [self](beast::error_code ec2, const tcp::endpoint&) {
+                              if (ec2)
+                                return self->finish(self->describe("connect", ec2));
+                              beast::error_code ignored;
+                              self->stream_->socket.set_option(tcp::no_delay(true), ignored);
+                              self->arm(self->deadline_); // the connect timeout is over
+                              self->write();
+                            });
+      });
+  }
+
+  std::string describe(const char* what, const beast::error_code& ec) const {
+    if (cancelled_)
+      return "cancelled";
+    if (timed_out_)
+      return std::string(what) + ": timed out";
+    return std::string(what) + ": " + ec.message();
+  }
+
+  /// A pooled connection the upstream closed meanwhile fails at once: that
+  /// is no failure of the request, so a fresh connection gets it.
+  bool retry_fresh() {
+    if (!reused_ || got_head_ || cancelled_ || timed_out_)
+      return false;
+    deadline_timer_.cancel();
+    connect();
+    return true;
+  }
+
+  void write() {
+    auto self = shared_from_this();
+    std::array<asio::const_buffer, 2> out{asio::buffer(head_), asio::buffer(body_)};
+    asio::async_write(stream_->socket, out, [self](beast::error_code ec, std::size_t) {
+      if (ec) {
+        if (self->retry_fresh())
+          return;
+        return self->finish(self->describe("write", ec));
+      }
+      self->stream_->buffer.clear();
+      self->read_head();
+    });
+  }
+
+  /// Reads a response head; an interim one is skipped and the next read
+  /// (what follows it may already be in the buffer).
+  void read_head() {
+    parser_.emplace();
+    parser_->body_limit(boost::none); // streamed through, not held
+    parser_->header_limit(64u << 10); // an engine's head; Beast's default is 8 KiB
+    auto self = shared_from_this();
+    http::async_read_header(stream_->socket, stream_->buffer, *parser_,
+                            [self](beast::error_code ec, std::size_t) {
+                              if (ec) {
+                                if (self->retry_fresh())
+                                  return;
+                                return self->finish(self->describe("read", ec));
+                              }
+                              self->got_head_ = true; // the request arrived: never resent
+                              auto status = self->parser_->get().result_int();
+                              if (status >= 200)
+                                return self->on_head();
+                              if (status == 101) // no Upgrade is ever sent
+                                return self->finish("read: an unasked switch of protocols (101)");
+                              if (++self->interim_ > max_interim)
+                                return self->finish("read: more than " + std::to_string(max_interim)
+                                                    + " interim (1xx) answers");
+                              self->read_head();
+                            });
+  }
+
+  void on_head() {
+    const auto& res = parser_->get();
+    std::vector<std::pair<std::string, std::string>> headers;
+    for (const auto& f : res)
+      headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
+    if (handlers_.on_head)
+      handlers_.on_head(static_cast<int>(res.result_int()), headers);
+    read_body();
+  }
+
+  void read_body() {
+    if (parser_->is_done())
+      return finish("");
+    auto& c = *stream_;
+    parser_->get().body().data = c.chunk;
+    parser_->get().body().size = sizeof c.chunk;
+    auto self = shared_from_this();
+    http::async_read_some(c.socket, c.buffer, *parser_, [self](beast::error_code ec, std::size_t) {
+      auto& chunk = self->stream_->chunk;
+      auto got = sizeof chunk - self->parser_->get().body().size;
+      if (got > 0 && self->handlers_.on_data)
+        self->handlers_.on_data(std::string(chunk, got));
+      if (ec == http::error::need_buffer)
+        ec = {};
+      if (ec)
+        return self->finish(self->describe("read", ec));
+      self->read_body();
+    });
+  }
+
+  void finish(const std::string& error) {
+    if (done_)
+      return;
+    done_ = true;
+    deadline_timer_.cancel();
+    bool reusable = error.empty() && parser_ && parser_->is_done() && parser_->keep_alive()
+                    && stream_ && stream_->buffer.size() == 0 && !cancelled_;
+    if (reusable) {
+      pool_->give(key_, std::move(stream_));
+    } else if (stream_) {
+      beast::error_code ignored;
+      stream_->socket.shutdown(tcp::socket::shutdown_both, ignored);
+    }
+    if (handlers_.on_done)
+      handlers_.on_done(error);
+  }
+
+  asio::io_context& io_;
+  std::shared_ptr<connection_pool> pool_;
+  std::optional<tcp::resolver> resolver_; ///< only when connecting
+  asio::steady_timer deadline_timer_;
+  std::unique_ptr<upstream_connection> stream_;
+  std::string host_;
+  std::string port_;
+  std::string key_;
+  std::chrono::milliseconds connect_timeout_;
+  std::chrono::steady_clock::time_point deadline_;
+  http_call_handlers handlers_;
+  std::string head_;
+  std::string body_;
+  std::optional<http::response_parser<http::buffer_body>> parser_;
+  /// Interim answers skipped before the final one; a server sending more is broken.
+  static constexpr int max_interim = 16;
+  int interim_ = 0;
+  bool reused_ = false;
+  bool got_head_ = false; ///< some response head, interim or final, was read
+  bool cancelled_ = false;
+  bool timed_out_ = false;
+  bool done_ = false;
+};
+
+} // namespace
+
+struct http_client::impl {
+  std::shared_ptr<connection_pool> pool = std::make_shared<connection_pool>();
+  std::shared_ptr<io_loop> loop;
+  asio::io_context& io() { return loop->get().io; }
+};
+
+http_client::http_client() : http_client(std::make_shared<io_loop>(1)) {}
+
+http_client::http_client(std::shared_ptr<io_loop> loop) : impl_(std::make_unique<impl>()) {
+  if (loop->threads() != 1)
+    throw std::invalid_argument("http_client needs a loop with one thread");
+  impl_->loop = std::move(loop);
+}
+
+http_client::~http_client() {
+  impl_->loop->stop();
+  // Idle connections close while the io_context they belong to still exists.
+  std::lock_guard<std::mutex> g(impl_->pool->mtx);
+  impl_->pool->idle.clear();
+}
+
+void http_client::request(const std::string& method, const std::string& base_url,
+                          const std::string& target, std::string body,
+                          std::chrono::milliseconds timeout,
+                          std::function<void(http_response)> done) {
+  // A streamed call that collects the body: one implementation of framing,
+  // interim answers and pooling for both kinds of call.
+  struct collected {
+    http_response response;
+    bool too_large = false;
+    std::weak_ptr<http_call> call;
+  };
+  static constexpr std::size_t max_body = 64u << 20;
+  auto c = std::make_shared<collected>();
+  http_call_handlers h;
+  h.on_head = [c](int status, const std::vector<std::pair<std::string, std::string>>&) {
+    c->response.status = status;
+  };
+  h.on_data = [c](const std::string& data) {
+    if (c->too_large)
+      return;
+    if (c->response.body.size() + data.size() > max_body) {
+      c->too_large = true;
+      if (auto call = c->call.lock())
+        call->cancel();
+      return;
+    }
+    c->response.body += data;
+  };
+  h.on_done = [c, done = std::move(done)](const std::string& error) {
+    auto r = std::move(c->response);
+    if (c->too_large || !error.empty()) {
+      r.status = 0;
+      r.body.clear();
+      r.error =
+        c->too_large ? "read: the body exceeds " + std::to_string(max_body) + " bytes" : error;
+    }
+    done(std::move(r));
+  };
+  std::vector<std::pair<std::string, std::string>> headers;
+  if (!body.empty())
+    headers.emplace_back("Content-Type", "application/json");
+  c->call =
+    call(method, base_url, target, std::move(body), headers, timeout, timeout, std::move(h));
+}
+
+std::shared_ptr<http_call>
+http_client::call(const std::string& method, const std::string& base_url, const std::string& target,
+                  std::string body, const std::vector<std::pair<std::string, std::string>>& headers,
+                  std::chrono::milliseconds connect_timeout, std::chrono::milliseconds timeout,
+                  http_call_handlers handlers) {
+  std::string host, port;
+  if (!split_http_url(base_url, host, port)
+      || http::string_to_verb(method) == http::verb::unknown) {
+    if (handlers.on_done)
+      handlers.on_done("not an http://HOST:PORT URL or HTTP method: " + base_url + " " + method);
+    return nullptr;
+  }
+  auto c = std::make_shared<streaming_call>(impl_->io(), impl_->pool, method, std::move(host),
+                                            std::move(port), target, std::move(body), headers,
+                                            connect_timeout, timeout, std::move(handlers));
+  c->start();
+  return c;
+}
+
+} // namespace llmgw

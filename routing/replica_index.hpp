@@ -1,0 +1,102 @@
+// What the router knows of every replica's KV cache: the block index plus, per
+// holder (a replica's data-parallel rank), its epoch, whether its hashes are
+// trusted, where its state came from and when it last changed. Pure code; the
+// router actor applies the agents' net changes through it.
+//
+// Rules:
+// - A change with reset = true replaces everything held for the holder (a
+//   session's full copy, or the mirror's reset with a new epoch).
+// - A change for an epoch older than the holder's is stale (a late message
+//   from before a reset) and is ignored.
+// - A replica is trusted for routing while its parity is not "mismatch" and
+//   it has KV state at all (a full copy arrived and was not dropped since).
+// - Dropping a replica (its node went down) forgets its blocks; it is not
+//   trusted again until a new full copy arrives.
+#pragma once
+
+#include "routing/block_index.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace llmgw::wire {
+
+/// One replica's net change, as an agent sends it.
+struct kv_change {
+  std::string_view replica;
+  std::uint32_t dp_rank = 0;
+  std::uint64_t epoch = 0;
+  bool reset = false;
+  parity_state parity = parity_state::unknown;
+  const std::vector<block_ref>* added = nullptr;
+  const std::vector<block_ref>* removed = nullptr;
+};
+
+/// What applying a change did.
+enum class apply_outcome : std::uint8_t { applied, stale_epoch, needs_reset };
+
+/// What the index holds for one holder.
+struct holder_info {
+  std::string replica;
+  std::uint32_t dp_rank = 0;
+  bool has_state = false; ///< a full copy arrived and was not dropped since
+  std::uint64_t epoch = 0;
+  parity_state parity = parity_state::unknown;
+  std::chrono::steady_clock::time_point last_update{};
+  std::uint64_t updates = 0; ///< changes applied
+  std::uint64_t resets = 0;  ///< full copies and epoch resets applied
+  /// Order-independent digest of the held (key, medium) set: equal sets give
+  /// equal fingerprints, so two control nodes (or a router and a mirror) can
+  /// be compared without listing blocks.
+  std::uint64_t fingerprint = 0;
+};
+
+/// One block's contribution to a fingerprint.
+std::uint64_t fingerprint_of(const block_ref& b) noexcept;
+
+/// The fingerprint of a set of blocks (what a mirror holds, say).
+std::uint64_t fingerprint_of(const std::vector<block_ref>& blocks) noexcept;
+
+class replica_index {
+public:
+  /// Applies one change at time `now`. A change without reset for a holder
+  /// that has no state is refused (needs_reset): the sender must start with
+  /// a full copy.
+  apply_outcome apply(const kv_change& change, std::chrono::steady_clock::time_point now);
+
+  /// Forgets every rank of `replica` (its node went down or its session
+  /// ended): routed by tier 1 until a new full copy arrives.
+  void drop_replica(std::string_view replica);
+
+  /// The holder id of (replica, rank), if the index has seen it.
+  std::optional<holder_id> find(std::string_view replica, std::uint32_t dp_rank) const;
+
+  /// Every holder (rank) of `replica` the index has seen, in rank order; ranks
+  /// arrive in any order, so this is the way to visit them.
+  std::vector<holder_id> holders_of(std::string_view replica) const;
+
+  /// Every holder of `replica` that is trusted for routing now.
+  void trusted_holders(std::string_view replica, std::vector<holder_id>& out) const;
+
+  /// True when `h` is trusted for routing.
+  bool trusted(holder_id h) const;
+
+  const holder_info& info(holder_id h) const { return holders_[h]; }
+  std::size_t holder_count() const noexcept { return holders_.size(); }
+  const block_index& blocks() const noexcept { return index_; }
+  block_index& blocks() noexcept { return index_; }
+
+private:
+  holder_id holder_for(std::string_view replica, std::uint32_t dp_rank);
+
+  block_index index_;
+  std::vector<holder_info> holders_;
+  std::unordered_map<std::string, std::vector<holder_id>> by_replica_;
+};
+
+} // namespace llmgw::wire

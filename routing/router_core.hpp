@@ -1,0 +1,156 @@
+// The router's decision, as pure code: which replica gets a request, and why.
+// The router actor is a thin shell around one router_core.
+//
+// Candidates are the replicas that serve the requested model (its name, or a
+// LoRA adapter one of them serves) and are not marked down (if all are down,
+// all are tried). Then:
+// - Hot-spot guard: a candidate whose outstanding requests exceed the least
+//   loaded candidate's by more than `hot_spot_threshold` is left out of prefix
+//   scoring.
+// - Tier 2 (kv): for candidates with trusted KV state, the weighted share of
+//   the prompt's leading blocks held (best data-parallel rank; a CPU or
+//   storage block counts `cpu_weight`/`storage_weight`).
+// - Tier 1 (approx): for the others, or for everyone when tokenization failed
+//   or tier 2 found nothing, the share of the prompt's leading text chunks the
+//   router sent there (not computed when tier 2 decides alone, except for a
+//   dry run, which reports every score).
+// - The best score wins; scores within `tie_margin` of it count as ties and go
+//   to the least loaded. With no prefix anywhere, the least loaded candidate
+//   wins (tier "load"), ties taken in turn.
+#pragma once
+
+#include "config/topology.hpp"
+#include "routing/prefix_tree.hpp"
+#include "routing/replica_index.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace llmgw::wire {
+
+/// Why a replica was chosen; a metric label.
+enum class route_tier : std::uint8_t { kv, approx, load, none };
+const char* to_string(route_tier t) noexcept;
+
+/// What the router needs to know of a request.
+struct route_query {
+  std::string model;                 ///< the request's "model": a served model or LoRA adapter
+  bool tokenized = false;            ///< false: tokenization failed or was not tried
+  std::vector<block_key> keys;       ///< the prompt's block keys (full blocks), if tokenized
+  std::vector<std::uint64_t> chunks; ///< tier-1 chunk hashes of the prompt text
+  std::vector<std::string> exclude;  ///< replicas already tried for this request
+  bool dry_run = false; ///< /v1/route: decide, but do not count load or remember the prompt
+  // For the router's metrics:
+  double tokenize_seconds = -1; ///< time tokenization took (-1: not tried)
+  double hash_seconds = 0;      ///< time hashing the prompt took
+};
+
+/// One candidate's scores.
+struct replica_score {
+  std::string replica;
+  bool trusted = false;          ///< tier 2 knew its KV state
+  double kv = 0;                 ///< tier-2 score, 0..1
+  std::uint32_t kv_blocks = 0;   ///< leading blocks held (best rank)
+  std::int32_t dp_rank = -1;     ///< the rank holding them, -1 if none
+  double approx = 0;             ///< tier-1 score, 0..1
+  std::uint32_t outstanding = 0; ///< requests in flight
+  bool hot = false;              ///< skipped by prefix scoring (hot-spot guard)
+  bool down = false;             ///< marked down after failures
+};
+
+/// The decision.
+struct route_decision {
+  std::string replica; ///< empty when no replica serves the model
+  std::string url;     ///< its base URL
+  route_tier tier = route_tier::none;
+  double score = 0;          ///< the winner's score in its tier
+  std::int32_t dp_rank = -1; ///< tier kv: the rank holding the prefix
+  std::uint32_t prompt_blocks = 0;
+  std::uint32_t prompt_chunks = 0;
+  std::vector<replica_score> scores; ///< every candidate
+  std::string error;                 ///< why there is no replica
+  double seconds = 0;                ///< time deciding took (not hashing)
+};
+
+/// Counters the router exports.
+struct router_counters {
+  std::uint64_t decisions[4] = {}; ///< by route_tier
+  std::uint64_t no_replica = 0;
+  std::uint64_t hot_skips = 0; ///< candidates left out by the hot-spot guard
+};
+
+class router_core {
+public:
+  explicit router_core(const topology& topo);
+
+  /// Decides for one request. Unless dry_run, counts the request as
+  /// outstanding on the chosen replica. Call remember() afterwards (after
+  /// replying: the request need not wait for it).
+  route_decision decide(const route_query& q, std::chrono::steady_clock::time_point now);
+
+  /// Records in tier 1 that the decision's replica was sent the prompt.
+  void remember(const route_decision& d, const std::vector<std::uint64_t>& chunks,
+                std::chrono::steady_clock::time_point now);
+
+  /// A request on `replica` finished (success or not).
+  void finished(const std::string& replica);
+
+  /// Marks `replica` down until `until` (it refused or failed a request).
+  void mark_down(const std::string& replica, std::chrono::steady_clock::time_point until);
+
+  /// The KV state: agents' changes go here.
+  replica_index& kv() noexcept { return kv_; }
+  const replica_index& kv() const noexcept { return kv_; }
+
+  /// The LoRA name to hash with when `model` is an adapter, nullopt for a
+  /// base model (or an unknown name).
+  std::optional<std::string> lora_of(const std::string& model) const;
+
+  /// True when some replica serves `model` (a base model or an adapter).
+  bool serves(const std::string& model) const;
+
+  /// Every configured replica, in topology order.
+  struct replica_entry {
+    std::string name;
+    std::string node;
+    std::string model;
+    std::vector<std::string> lora;
+    std::string url;
+    bool kv_events = false;
+    std::uint32_t outstanding = 0;
+    std::chrono::steady_clock::time_point down_until{};
+  };
+  const std::vector<replica_entry>& replicas() const noexcept { return replicas_; }
+
+  const router_counters& counters() const noexcept { return counters_; }
+  const router_settings& settings() const noexcept { return settings_; }
+  std::size_t block_size() const noexcept { return block_size_; }
+
+private:
+  /// Keeps replica_holders_ in step with the holders the index has seen.
+  void refresh_holders();
+
+  router_settings settings_;
+  std::size_t block_size_;
+  std::vector<replica_entry> replicas_;
+  replica_index kv_;
+  prefix_tree tree_;
+  router_counters counters_;
+  std::uint64_t turn_ = 0; ///< rotates among equal choices
+
+  std::vector<std::vector<holder_id>> replica_holders_; ///< by replica index
+  std::size_t known_holders_ = 0;
+
+  // Scratch, reused between decisions.
+  std::vector<std::size_t> candidates_;
+  std::vector<holder_id> holders_;
+  std::vector<std::size_t> holder_owner_; ///< index into candidates_
+  std::vector<walk_score> walk_;
+  std::vector<tree_replica> tree_candidates_;
+  std::vector<std::uint32_t> matched_;
+};
+
+} // namespace llmgw::wire

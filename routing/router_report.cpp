@@ -1,0 +1,224 @@
+#include "routing/router_report.hpp"
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+namespace llmgw::wire {
+
+namespace json = boost::json;
+
+const char* to_string(drop_reason r) noexcept {
+  return r == drop_reason::session ? "session" : "node_down";
+}
+
+namespace {
+
+// Seconds: 10 µs .. 10 s, roughly x2.5 apart.
+std::vector<double> latency_bounds() {
+  return {0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+          0.025,   0.05,     0.1,     0.25,   0.5,     1,      2.5,   5,      10};
+}
+
+std::vector<double> share_bounds() {
+  return {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1};
+}
+
+double seconds_since(std::chrono::steady_clock::time_point then,
+                     std::chrono::steady_clock::time_point now) {
+  return std::chrono::duration<double>(now - then).count();
+}
+
+} // namespace
+
+router_stats::router_stats()
+  : tokenize_seconds(latency_bounds()), decision_seconds(latency_bounds()),
+    matched_share_kv(share_bounds()), matched_share_approx(share_bounds()) {}
+
+std::string kv_replicas_json(const router_core& core, const router_stats& stats,
+                             std::chrono::steady_clock::time_point now) {
+  const auto& kv = core.kv();
+  json::array replicas;
+  for (const auto& r : core.replicas()) {
+    json::object o;
+    o["replica"] = r.name;
+    o["node"] = r.node;
+    o["model"] = r.model;
+    o["kv_events"] = r.kv_events;
+    o["outstanding"] = r.outstanding;
+    o["down"] = r.down_until > now;
+    json::array ranks;
+    std::uint64_t blocks = 0;
+    bool trusted = false;
+    for (auto h : kv.holders_of(r.name)) {
+      const auto& info = kv.info(h);
+      json::object x;
+      x["dp_rank"] = info.dp_rank;
+      x["blocks"] = kv.blocks().count(h);
+      x["epoch"] = info.epoch;
+      x["has_state"] = info.has_state;
+      x["trusted"] = kv.trusted(h);
+      x["parity"] = to_string(info.parity);
+      x["hash_mismatch"] = info.parity == parity_state::mismatch;
+      x["updates"] = info.updates;
+      x["resets"] = info.resets;
+      x["fingerprint"] = fmt::format("{:016x}", info.fingerprint);
+      if (info.updates > 0)
+        x["seconds_since_update"] = seconds_since(info.last_update, now);
+      else
+        x["seconds_since_update"] = nullptr;
+      if (h < stats.totals.size()) {
+        const auto& t = stats.totals[h];
+        json::object a, resets;
+        a["batches"] = t.batches;
+        a["stored"] = t.stored;
+        a["removed"] = t.removed;
+        a["verified_blocks"] = t.verified_blocks;
+        for (int reason = 0; reason < 5; ++reason)
+          resets[to_string(static_cast<reset_reason>(reason))] = t.resets[reason];
+        a["resets"] = std::move(resets);
+        x["agent"] = std::move(a);
+      }
+      blocks += kv.blocks().count(h);
+      trusted = trusted || kv.trusted(h);
+      ranks.push_back(std::move(x));
+    }
+    o["blocks"] = blocks;
+    o["trusted"] = trusted;
+    o["ranks"] = std::move(ranks);
+    replicas.push_back(std::move(o));
+  }
+  json::object out;
+  out["replicas"] = std::move(replicas);
+  out["entries"] = kv.blocks().entries();
+  out["index_bytes"] = kv.blocks().memory_bytes();
+  return json::serialize(out);
+}
+
+std::string decision_json(const route_decision& d) {
+  json::object o;
+  if (d.replica.empty()) {
+    o["replica"] = nullptr;
+    o["error"] = d.error;
+  } else {
+    o["replica"] = d.replica;
+    o["url"] = d.url;
+  }
+  o["tier"] = to_string(d.tier);
+  o["score"] = d.score;
+  if (d.dp_rank >= 0)
+    o["dp_rank"] = d.dp_rank;
+  o["prompt_blocks"] = d.prompt_blocks;
+  o["prompt_chunks"] = d.prompt_chunks;
+  json::array scores;
+  for (const auto& s : d.scores) {
+    json::object x;
+    x["replica"] = s.replica;
+    x["trusted"] = s.trusted;
+    x["kv"] = s.kv;
+    x["kv_blocks"] = s.kv_blocks;
+    if (s.dp_rank >= 0)
+      x["dp_rank"] = s.dp_rank;
+    x["approx"] = s.approx;
+    x["outstanding"] = s.outstanding;
+    x["hot"] = s.hot;
+    x["down"] = s.down;
+    scores.push_back(std::move(x));
+  }
+  o["scores"] = std::move(scores);
+  return json::serialize(o);
+}
+
+void append_router_metrics(metrics_text& m, const router_core& core, const router_stats& stats,
+                           std::chrono::steady_clock::time_point now) {
+  const auto& c = core.counters();
+  for (auto t : {route_tier::kv, route_tier::approx, route_tier::load})
+    m.counter("llmgw_prefix_decisions_total",
+              "Routing decisions by tier: kv (exact, from KV events), approx (prefix tree), load.",
+              static_cast<double>(c.decisions[static_cast<int>(t)]), {{"tier", to_string(t)}});
+  m.counter("llmgw_route_no_replica_total", "Requests no replica could take.",
+            static_cast<double>(c.no_replica));
+  m.counter("llmgw_hot_spot_skips_total",
+            "Candidates left out of prefix scoring for having too many requests in flight.",
+            static_cast<double>(c.hot_skips));
+  m.histogram("llmgw_decision_seconds",
+              "Time to decide, excluding tokenization: hashing the prompt and scoring.",
+              stats.decision_seconds);
+  m.histogram("llmgw_tokenize_seconds", "Time to tokenize a prompt through a replica.",
+              stats.tokenize_seconds);
+  m.counter("llmgw_tokenize_failures_total",
+            "Tokenizations that failed or timed out (routed by tier 1).",
+            static_cast<double>(stats.tokenize_failures));
+  m.histogram("llmgw_prefix_matched_share", "Share of the prompt the chosen replica held.",
+              stats.matched_share_kv, {{"tier", "kv"}});
+  m.histogram("llmgw_prefix_matched_share", "Share of the prompt the chosen replica held.",
+              stats.matched_share_approx, {{"tier", "approx"}});
+  m.counter("llmgw_kv_updates_ignored_total",
+            "Agent changes ignored: from an older epoch, or before a full copy.",
+            static_cast<double>(stats.stale_updates), {{"reason", "stale_epoch"}});
+  m.counter("llmgw_kv_updates_ignored_total",
+            "Agent changes ignored: from an older epoch, or before a full copy.",
+            static_cast<double>(stats.unexpected_updates), {{"reason", "before_full_copy"}});
+  m.gauge("llmgw_kv_index_entries", "(block, replica rank, medium) entries in the block index.",
+          static_cast<double>(core.kv().blocks().entries()));
+  m.gauge("llmgw_kv_index_bytes", "Heap bytes of the block index.",
+          static_cast<double>(core.kv().blocks().memory_bytes()));
+  const auto& kv = core.kv();
+  for (const auto& r : core.replicas()) {
+    m.gauge("llmgw_replica_outstanding", "Requests in flight per replica.", r.outstanding,
+            {{"replica", r.name}});
+    for (auto h : kv.holders_of(r.name)) {
+      const auto& info = kv.info(h);
+      metric_labels labels{{"replica", r.name}, {"dp_rank", std::to_string(info.dp_rank)}};
+      m.gauge("llmgw_kv_blocks", "Blocks the index holds per replica rank.",
+              static_cast<double>(kv.blocks().count(h)), labels);
+      m.gauge("llmgw_kv_trusted", "1 when the replica rank's KV state is routed on.",
+              kv.trusted(h) ? 1 : 0, labels);
+      m.gauge("llmgw_kv_hash_mismatch",
+              "1 when the engine's block hashes differ from llmgw's (fix its seed and hash algo).",
+              info.parity == parity_state::mismatch ? 1 : 0, labels);
+      m.counter("llmgw_kv_updates_total", "Agent changes applied per replica rank.",
+                static_cast<double>(info.updates), labels);
+      if (info.updates > 0)
+        m.gauge("llmgw_kv_update_age_seconds",
+                "Seconds since the replica rank's KV state last changed.",
+                seconds_since(info.last_update, now), labels);
+      if (h < stats.totals.size()) {
+        const auto& t = stats.totals[h];
+        auto with = [&](const char* k, const char* v) {
+          auto l = labels;
+          l.emplace_back(k, v);
+          return l;
+        };
+        m.counter("llmgw_kv_events_total", "Block events the agent applied, by kind.",
+                  static_cast<double>(t.stored), with("kind", "stored"));
+        m.counter("llmgw_kv_events_total", "Block events the agent applied, by kind.",
+                  static_cast<double>(t.removed), with("kind", "removed"));
+        m.counter("llmgw_kv_event_batches_total", "Event batches the agent applied.",
+                  static_cast<double>(t.batches), labels);
+        m.counter("llmgw_kv_blocks_verified_total",
+                  "Stored blocks whose hash the agent recomputed and found equal.",
+                  static_cast<double>(t.verified_blocks), labels);
+        for (int reason = 0; reason < 5; ++reason)
+          m.counter("llmgw_kv_resets_total",
+                    "KV state resets by reason: the agent's (gap, restart, clear, engine_exit, "
+                    "decode_error) and the router's (session, node_down).",
+                    static_cast<double>(t.resets[reason]),
+                    with("reason", to_string(static_cast<reset_reason>(reason))));
+      }
+    }
+    for (auto why : {drop_reason::session, drop_reason::node_down}) {
+      auto it = stats.drops.find({r.name, why});
+      m.counter("llmgw_kv_resets_total",
+                "KV state resets by reason: the agent's (gap, restart, clear, engine_exit, "
+                "decode_error) and the router's (session, node_down).",
+                it == stats.drops.end() ? 0 : static_cast<double>(it->second),
+                {{"replica", r.name}, {"reason", to_string(why)}});
+    }
+    auto mm = stats.mismatches.find(r.name);
+    m.counter("llmgw_kv_hash_mismatches_total", "Times the replica was found hashing differently.",
+              mm == stats.mismatches.end() ? 0 : static_cast<double>(mm->second),
+              {{"replica", r.name}});
+  }
+}
+
+} // namespace llmgw::wire
