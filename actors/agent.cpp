@@ -101,6 +101,18 @@ std::string private_folder(const std::string& node, std::string& error) {
 
 } // namespace
 
+agent_config agent_config_of(const wire::topology& topo, const wire::node_spec& node) {
+  agent_config cfg;
+  cfg.node = node.name;
+  cfg.seed = topo.seed;
+  cfg.block_size = topo.block_size;
+  cfg.flush_interval = topo.flush_interval;
+  cfg.engines = node.engines;
+  for (const auto* c : topo.controls())
+    cfg.controls.push_back({c->name, c->host, c->port, c->fingerprints});
+  return cfg;
+}
+
 agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg) {
   agent_handles out;
   for (std::size_t index = 0; index < cfg.engines.size(); ++index) {
@@ -155,7 +167,7 @@ agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg) {
     std::vector<mirror_actor> mirrors;
     for (std::uint32_t r = 0; r < e.dp_size; ++r) {
       auto m = sys.spawn(
-        mirror_rank, e.replica, r,
+        mirror, e.replica, r,
         std::optional<wire::parity_config>(wire::parity_config{cfg.seed, cfg.block_size}));
       out.actors.push_back(caf::actor_cast<caf::actor>(m));
       // Only replicas with events are forwarded: a replica without them must

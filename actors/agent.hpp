@@ -38,8 +38,8 @@ struct agent_config {
   std::size_t block_size = 16;
   std::vector<agent_engine_config> engines;
   std::vector<agent_control_config> controls;
-  std::chrono::milliseconds flush_interval{250};
-  std::uint64_t window = 64;
+  std::chrono::milliseconds flush_interval = wire::default_flush_interval;
+  std::uint64_t window = wire::default_window;
   std::chrono::milliseconds connect_timeout{5000};
   /// This node's certificate and key (null in a plaintext cluster): each
   /// forwarder proves the node's name with it.
@@ -64,6 +64,11 @@ struct agent_handles {
   /// Each forwarder's counters, by control node.
   std::vector<std::pair<std::string, std::shared_ptr<forwarder_counters>>> forwarders;
 };
+
+/// The agent of node `node` of `topo`: its engines, the control nodes it
+/// forwards to, the cluster's seed, block size and flush interval (no
+/// identity: the caller loads it).
+agent_config agent_config_of(const wire::topology& topo, const wire::node_spec& node);
 
 /// Spawns the node's actors in `sys`.
 agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg);

@@ -15,6 +15,7 @@
 
 #include "actors/interfaces.hpp"
 #include "config/node_identity.hpp"
+#include "config/topology.hpp"
 #include "kv/session_window.hpp"
 
 #include <atomic>
@@ -40,8 +41,8 @@ struct forwarder_counters {
 struct forwarder_options {
   std::string node;    ///< this agent node's name
   std::string control; ///< the control node's name (logs, peer id)
-  std::chrono::milliseconds flush_interval{250};
-  std::uint64_t window = 64; ///< unacknowledged updates at most
+  std::chrono::milliseconds flush_interval = wire::default_flush_interval;
+  std::uint64_t window = wire::default_window; ///< unacknowledged updates at most
   std::chrono::milliseconds backoff_min{100};
   /// Capped low: an attempt is one TCP connect, and a restarted control node
   /// must get its full copies within a second.

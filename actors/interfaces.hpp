@@ -95,7 +95,7 @@ using router_actor = caf::typed_actor<
   // Forget a replica's KV state; the reason is a wire::drop_reason.
   caf::reacts_to<drop_atom, std::string, std::uint8_t>,
   // Decide where a request goes (and remember it). The node's own gateway
-  // decides through the shared wire::locked_router instead, on its thread.
+  // decides through the shared wire::shared_router instead, on its thread.
   // Its metrics and /v1/kv/replicas are read from that shared state too.
   caf::replies_to<route_atom, wire::route_query>::with<wire::route_decision>>;
 

@@ -40,13 +40,8 @@ replica_update to_update(const mirror_state& st, const wire::table_delta& delta)
 }
 
 mirror_actor::behavior_type mirror(mirror_actor::stateful_pointer<mirror_state> self,
-                                   std::string replica, std::optional<wire::parity_config> parity) {
-  return mirror_rank(self, std::move(replica), 0, std::move(parity));
-}
-
-mirror_actor::behavior_type mirror_rank(mirror_actor::stateful_pointer<mirror_state> self,
-                                        std::string replica, std::uint32_t dp_rank,
-                                        std::optional<wire::parity_config> parity) {
+                                   std::string replica, std::uint32_t dp_rank,
+                                   std::optional<wire::parity_config> parity) {
   self->state.replica = std::move(replica);
   self->state.dp_rank = dp_rank;
   self->state.table = wire::block_table(std::move(parity));

@@ -18,15 +18,11 @@ struct mirror_state {
   static inline const char* name = "mirror";
 };
 
-/// Spawned once per engine; `parity` is nullopt when hashes are not checked.
+/// Spawned once per engine and data-parallel rank (each rank has its own
+/// stream and KV cache); `parity` is nullopt when hashes are not checked.
 mirror_actor::behavior_type mirror(mirror_actor::stateful_pointer<mirror_state> self,
-                                   std::string replica, std::optional<wire::parity_config> parity);
-
-/// The same for data-parallel rank `dp_rank` of an engine: each rank has its
-/// own stream and KV cache, so its own mirror.
-mirror_actor::behavior_type mirror_rank(mirror_actor::stateful_pointer<mirror_state> self,
-                                        std::string replica, std::uint32_t dp_rank,
-                                        std::optional<wire::parity_config> parity);
+                                   std::string replica, std::uint32_t dp_rank,
+                                   std::optional<wire::parity_config> parity);
 
 /// The update a mirror answers with, from a table delta.
 replica_update to_update(const mirror_state& st, const wire::table_delta& delta);

@@ -39,7 +39,7 @@ void apply_update(wire::router_core& core, wire::router_stats& stats, const repl
 }
 
 router_actor::behavior_type router(router_actor::stateful_pointer<router_state> self,
-                                   std::shared_ptr<wire::locked_router> shared) {
+                                   std::shared_ptr<wire::shared_router> shared) {
   self->state.shared = std::move(shared);
   auto& lr = *self->state.shared;
   return {

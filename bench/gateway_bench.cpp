@@ -321,12 +321,12 @@ int run_gateway_bench(int rounds, double rate, const std::string& only, int prom
   topo->nodes.push_back(n);
   bench_sys_config cfg;
   caf::actor_system sys{cfg};
-  auto peers = spawn_control_plane(sys, control_options{"control", topo, {}, {}, 64});
-  gateway gw(sys, topo, "127.0.0.1", 0, peers);
+  auto plane = spawn_control_plane(sys, control_options{"control", topo, {}, {}, 64});
+  gateway gw(sys, topo, "127.0.0.1", 0, plane);
   // The same with two threads (two loops), as nginx runs two workers here.
   auto topo2 = std::make_shared<wire::topology>(*topo);
   topo2->gateway.threads = 2;
-  gateway gw2(sys, topo2, "127.0.0.1", 0, peers);
+  gateway gw2(sys, topo2, "127.0.0.1", 0, plane);
   nginx_process nginx(upstream.port());
 
   std::string ids;
@@ -446,7 +446,7 @@ int run_gateway_bench(int rounds, double rate, const std::string& only, int prom
   }
   gw.stop();
   gw2.stop();
-  stop_control_plane(peers);
+  stop_control_plane(plane);
   return 0;
 }
 

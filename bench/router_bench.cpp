@@ -119,7 +119,7 @@ latency_result decision_latency(std::size_t replicas, std::size_t prompt_tokens,
 double updates_per_second(std::size_t replicas, int rounds) {
   std::mt19937_64 rng(7);
   auto topo = cluster_of(replicas);
-  wire::locked_router shared(topo);
+  wire::shared_router shared(topo);
   // As the router actor applies a change: holding the lock the gateway shares.
   auto apply = [&shared](const replica_update& u, std::chrono::steady_clock::time_point at) {
     shared.with([&](wire::router_core& core, wire::router_stats& stats) {

@@ -111,13 +111,17 @@ struct gateway_settings {
   std::size_t threads = 1;
 };
 
+/// How often an agent sends its mirrors' net changes (the file's
+/// `flush_interval_ms`; the forwarder's default too).
+inline constexpr std::chrono::milliseconds default_flush_interval{250};
+
 /// The whole cluster.
 struct topology {
   std::string path; ///< the file it came from
   std::string name;
   std::string seed;            ///< PYTHONHASHSEED of every engine
   std::size_t block_size = 16; ///< --block-size of every engine
-  std::chrono::milliseconds flush_interval{250};
+  std::chrono::milliseconds flush_interval = default_flush_interval;
   std::chrono::milliseconds heartbeat{1000};
   std::chrono::milliseconds connection_timeout{5000};
   /// Control nodes accept an agent's session only from an address of the

@@ -1,16 +1,13 @@
 #include "gateway/gateway.hpp"
 
-#include "actors/control.hpp"
-#include "actors/router.hpp"
-#include "actors/tokenizer.hpp"
-
 #include "base/log.hpp"
 #include "gateway/proxy.hpp"
+#include "gateway/route.hpp"
 #include "net/http_client.hpp"
 #include "net/io_loop.hpp"
 #include "net/node_port_guard.hpp"
-#include "routing/locked_router.hpp"
 #include "routing/router_report.hpp"
+#include "routing/shared_router.hpp"
 #include "routing/token_cache.hpp"
 #include "wire/block_hash.hpp"
 
@@ -37,127 +34,12 @@ http_reply error_reply(int status, const std::string& type, const std::string& m
   return json_reply(status, wire::openai_error_json(message, type, status));
 }
 
-/// A block hasher for this thread and the cluster's seed and block size:
-/// constructing one hashes the seed, which is not worth doing per request.
-wire::block_hasher& hasher_for(const wire::topology& topo) {
-  thread_local std::unique_ptr<wire::block_hasher> h;
-  thread_local std::string seed;
-  thread_local std::size_t block_size = 0;
-  if (!h || seed != topo.seed || block_size != topo.block_size) {
-    h = std::make_unique<wire::block_hasher>(topo.seed, topo.block_size);
-    seed = topo.seed;
-    block_size = topo.block_size;
-  }
-  return *h;
-}
-
-bool is_lora(const wire::topology& topo, const std::string& model) {
-  for (const auto& n : topo.nodes)
-    for (const auto& e : n.engines)
-      for (const auto& l : e.lora)
-        if (l == model)
-          return true;
-  return false;
-}
-
-/// The router's query for a request: block keys hashed here (on the
-/// caller's thread, not the router's), tier-1 chunk hashes, timings.
-wire::route_query make_query(const wire::topology& topo, const wire::routing_request& req,
-                             bool dry_run, const std::vector<std::uint32_t>* tokens,
-                             double tokenize_seconds, const std::vector<std::string>& exclude) {
-  wire::route_query q;
-  q.model = req.model;
-  q.dry_run = dry_run;
-  q.exclude = exclude;
-  q.tokenize_seconds = tokenize_seconds;
-  auto start = std::chrono::steady_clock::now();
-  if (tokens) {
-    q.tokenized = true;
-    wire::extra_key_recipe extras;
-    if (is_lora(topo, req.model))
-      extras.lora_name = req.model;
-    extras.cache_salt = req.cache_salt;
-    thread_local std::vector<wire::hashed_block> blocks;
-    hasher_for(topo).hash_into(*tokens, extras, blocks);
-    q.keys.reserve(blocks.size());
-    for (const auto& b : blocks)
-      q.keys.push_back(b.key);
-  }
-  q.chunks = wire::chunk_hashes(req.text, topo.router.tier1_chunk_bytes);
-  q.hash_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return q;
-}
-
-/// Decides and records on this thread against the shared router state (in
-/// one hold of its lock), then hands the decision on.
-void decide_here(const gateway_peers& peers, const wire::route_query& q,
-                 const std::function<void(const wire::route_decision&)>& done) {
-  done(peers.shared_router->decide_and_record(q));
-}
-
 } // namespace
 
-gateway_peers spawn_control_plane(caf::actor_system& sys, const control_options& opts) {
-  const auto& topo = *opts.topo;
-  gateway_peers p;
-  p.shared_router = std::make_shared<wire::locked_router>(topo);
-  p.token_cache = std::make_shared<wire::token_cache>(topo.router.tokenize_cache_entries,
-                                                      topo.router.tokenize_cache_mib << 20);
-  p.router = sys.spawn(router, p.shared_router);
-  p.control = sys.spawn(control, opts, p.router);
-  p.tokenizer = sys.spawn(tokenizer, topo, p.token_cache);
-  return p;
-}
-
-void stop_control_plane(const gateway_peers& peers) {
-  for (const auto& a :
-       {caf::actor_cast<caf::actor>(peers.router), caf::actor_cast<caf::actor>(peers.control),
-        caf::actor_cast<caf::actor>(peers.tokenizer)})
-    if (a)
-      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-}
-
-void route_flow(caf::actor_system& sys, const gateway_peers& peers,
-                const std::shared_ptr<const wire::topology>& topo, const wire::routing_request& req,
-                bool dry_run, std::function<void(const wire::route_decision&)> done,
-                const std::vector<std::string>& exclude) {
-  if (req.token_ids) {
-    decide_here(peers, make_query(*topo, req, dry_run, &*req.token_ids, -1, exclude), done);
-    return;
-  }
-  // A prompt tokenized before: no hop to the tokenizer either.
-  thread_local std::vector<std::uint32_t> tokens;
-  if (peers.token_cache->lookup(req.model, req.tokenize_body, tokens)) {
-    decide_here(peers, make_query(*topo, req, dry_run, &tokens, 0, exclude), done);
-    return;
-  }
-  sys.spawn(
-    [peers, topo, req, dry_run, done = std::move(done), exclude](caf::event_based_actor* self) {
-      auto timeout = topo->router.tokenize_timeout + std::chrono::milliseconds(200);
-      self->request(peers.tokenizer, timeout, tokenize_atom::value, req.model, req.tokenize_body)
-        .then(
-          [peers, topo, req, dry_run, done, exclude](const tokenize_reply& r) {
-            // Failed tokenization is not fatal: tier 1 routes the request.
-            decide_here(peers,
-                        make_query(*topo, req, dry_run, r.ok ? &r.tokens : nullptr,
-                                   r.cached ? 0.0 : r.seconds, exclude),
-                        done);
-          },
-          [peers, topo, req, dry_run, done, exclude](const caf::error&) {
-            decide_here(
-              peers,
-              make_query(*topo, req, dry_run, nullptr,
-                         std::chrono::duration<double>(topo->router.tokenize_timeout).count(),
-                         exclude),
-              done);
-          });
-    });
-}
-
 gateway::gateway(caf::actor_system& sys, std::shared_ptr<const wire::topology> topo,
-                 const std::string& host, std::uint16_t port, gateway_peers peers,
+                 const std::string& host, std::uint16_t port, control_plane plane,
                  const std::string& admin_host, std::uint16_t admin_port)
-  : sys_(sys), topo_(std::move(topo)), peers_(std::move(peers)) {
+  : sys_(sys), topo_(std::move(topo)), plane_(std::move(plane)) {
   json::array data;
   std::set<std::string> seen;
   for (const auto& n : topo_->nodes)
@@ -304,7 +186,7 @@ bool gateway::handle_admin(const std::string& path, const http_request& req,
     // The router's and the gateway's own parts are read here; the control
     // actor's come by message.
     wire::metrics_text m;
-    peers_.shared_router->append_metrics(m);
+    plane_.shared_router->append_metrics(m);
     stats_->append(m);
     append_http_counters(m, server_->counters(), {{"listener", "gateway"}});
     if (admin_)
@@ -315,7 +197,7 @@ bool gateway::handle_admin(const std::string& path, const http_request& req,
       if (extra_metrics_)
         extra_metrics_(m);
     }
-    auto cache = peers_.token_cache->stats();
+    auto cache = plane_.token_cache->stats();
     m.counter("llmgw_tokenize_cache_hits_total",
               "Text prompts whose tokens the gateway found in the tokenizer's cache.",
               static_cast<double>(cache.hits));
@@ -327,7 +209,7 @@ bool gateway::handle_admin(const std::string& path, const http_request& req,
     m.gauge("llmgw_tokenize_cache_bytes",
             "Bytes the cache's tokenizations hold (model, body, tokens, overhead).",
             static_cast<double>(cache.bytes));
-    auto control = peers_.control;
+    auto control = plane_.control;
     sys_.spawn([control, respond, text = m.str()](caf::event_based_actor* self) {
       self->request(control, std::chrono::seconds(5), metrics_atom::value)
         .then(
@@ -343,7 +225,7 @@ bool gateway::handle_admin(const std::string& path, const http_request& req,
   }
   if (path == "/v1/kv/replicas") {
     if (method_is(req, path, "GET", respond))
-      respond(json_reply(200, peers_.shared_router->kv_replicas_json()));
+      respond(json_reply(200, plane_.shared_router->kv_replicas_json()));
     return true;
   }
   return false;
@@ -364,7 +246,7 @@ void gateway::handle(http_request&& req, http_responder respond) {
   if (path == "/v1/completions" || path == "/v1/chat/completions") {
     if (!method_is("POST"))
       return;
-    proxy_request(proxy_context{sys_, peers_, topo_, upstream_here(), stats_}, std::move(req),
+    proxy_request(proxy_context{sys_, plane_, topo_, upstream_here(), stats_}, std::move(req),
                   std::move(respond), path,
                   path == "/v1/completions" ? wire::request_kind::completion
                                             : wire::request_kind::chat);
@@ -378,7 +260,7 @@ void gateway::handle(http_request&& req, http_responder respond) {
       respond(error_reply(400, "BadRequestError", parsed.err().message));
       return;
     }
-    route_flow(sys_, peers_, topo_, *parsed, true, [respond](const wire::route_decision& d) {
+    route_request(sys_, plane_, topo_, *parsed, true, [respond](const wire::route_decision& d) {
       int status = d.replica.empty() ? 404 : 200;
       respond(json_reply(status, wire::decision_json(d)));
     });

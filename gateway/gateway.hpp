@@ -1,6 +1,6 @@
 // The gateway: a control node's HTTP front (actors/http_server). It decides
 // on its own HTTP thread against the router's shared state
-// (wire::locked_router) and looks prompts up in the tokenizer's shared cache
+// (wire::shared_router) and looks prompts up in the tokenizer's shared cache
 // (wire::token_cache): a request with token ids or a prompt seen before
 // crosses no thread. It talks to the control and tokenizer actors without
 // blocking any of them: a one-shot actor asks and hands the answer to the
@@ -21,12 +21,10 @@
 // last two): probes and scrapes get through however many connections
 // clients hold on the gateway's port, and clients do not see the index.
 //
-// Routing a request (route_flow): take the prompt's token ids, or its tokens
-// from the cache, or tokenize through the tokenizer; hash the blocks and the
-// tier-1 chunks; decide.
+// Routing a request: gateway/route.hpp.
 #pragma once
 
-#include "actors/interfaces.hpp"
+#include "actors/control_plane.hpp"
 #include "config/topology.hpp"
 #include "net/http_server.hpp"
 #include "wire/openai_request.hpp"
@@ -43,38 +41,12 @@ namespace llmgw {
 class http_client;
 class io_loop;
 struct proxy_stats;
-struct control_options;
 
 namespace wire {
-class locked_router;
+class shared_router;
 class metrics_text;
 class token_cache;
 } // namespace wire
-
-/// The actors a gateway talks to, and the state it shares with them.
-struct gateway_peers {
-  router_actor router;
-  control_actor control;
-  tokenizer_actor tokenizer;
-  std::shared_ptr<wire::locked_router> shared_router; ///< the router actor's state
-  std::shared_ptr<wire::token_cache> token_cache;     ///< the tokenizer's cache
-};
-
-/// Spawns a control node's router, control and tokenizer actors, with the
-/// state they share with the node's gateway.
-gateway_peers spawn_control_plane(caf::actor_system& sys, const control_options& opts);
-
-/// Tells those actors to stop (a null `peers` is nothing to stop).
-void stop_control_plane(const gateway_peers& peers);
-
-/// Routes one parsed request, leaving out the replicas in `exclude`; `done`
-/// gets the decision: on the calling thread when no tokenizing is needed,
-/// else from an actor's thread.
-/// The request and `exclude` are copied only when the tokenizer is asked.
-void route_flow(caf::actor_system& sys, const gateway_peers& peers,
-                const std::shared_ptr<const wire::topology>& topo, const wire::routing_request& req,
-                bool dry_run, std::function<void(const wire::route_decision&)> done,
-                const std::vector<std::string>& exclude = {});
 
 class gateway {
 public:
@@ -82,7 +54,7 @@ public:
   /// admin address when `admin_host` is not empty. On failure, error() says
   /// why and port() is 0.
   gateway(caf::actor_system& sys, std::shared_ptr<const wire::topology> topo,
-          const std::string& host, std::uint16_t port, gateway_peers peers,
+          const std::string& host, std::uint16_t port, control_plane plane,
           const std::string& admin_host = {}, std::uint16_t admin_port = 0);
   ~gateway();
 
@@ -107,7 +79,7 @@ private:
 
   caf::actor_system& sys_;
   std::shared_ptr<const wire::topology> topo_;
-  gateway_peers peers_;
+  control_plane plane_;
   std::string models_json_;
   std::shared_ptr<proxy_stats> stats_;
   /// The upstream client of each loop (before server_: stopped after it).

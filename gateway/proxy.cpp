@@ -1,7 +1,9 @@
 #include "gateway/proxy.hpp"
 
+#include "gateway/route.hpp"
+
 #include "base/log.hpp"
-#include "routing/locked_router.hpp"
+#include "routing/shared_router.hpp"
 
 #include <algorithm>
 #include <optional>
@@ -112,8 +114,8 @@ public:
 private:
   void route() {
     auto self = shared_from_this();
-    route_flow(
-      ctx_.sys, ctx_.peers, ctx_.topo, routing_, false,
+    route_request(
+      ctx_.sys, ctx_.plane, ctx_.topo, routing_, false,
       [self](const wire::route_decision& d) { self->on_decision(d); }, tried_);
   }
 
@@ -128,7 +130,7 @@ private:
     }
     std::lock_guard<std::mutex> g(mtx_);
     if (gone_) {
-      ctx_.peers.shared_router->finished(d.replica); // never sent
+      ctx_.plane.shared_router->finished(d.replica); // never sent
       return;
     }
     // What the relay needs; the candidates' scores stay behind.
@@ -156,7 +158,7 @@ private:
     h.on_done = [self](const std::string& err) { self->on_done(err); };
     auto upstream = ctx_.upstream.lock();
     if (!upstream) { // the gateway is shutting down
-      ctx_.peers.shared_router->finished(d.replica);
+      ctx_.plane.shared_router->finished(d.replica);
       respond_(http_reply{
         503,
         "application/json",
@@ -211,7 +213,7 @@ private:
 
   void on_done(const std::string& err) {
     std::unique_lock<std::mutex> g(mtx_);
-    ctx_.peers.shared_router->finished(decision_.replica);
+    ctx_.plane.shared_router->finished(decision_.replica);
     call_.reset();
     if (gone_)
       return;
@@ -255,7 +257,7 @@ private:
       return;
     }
     // Nothing was relayed: avoid this replica for a while and try the next.
-    ctx_.peers.shared_router->mark_down(decision_.replica, ctx_.topo->gateway.down_for);
+    ctx_.plane.shared_router->mark_down(decision_.replica, ctx_.topo->gateway.down_for);
     last_error_ = "replica " + decision_.replica + ": " + err;
     if (tried_.size() >= ctx_.topo->gateway.max_attempts) {
       g.unlock();

@@ -16,10 +16,12 @@
 // - Every routed request is reported finished to the router (its load).
 #pragma once
 
+#include "actors/control_plane.hpp"
 #include "base/burst_log.hpp"
-#include "gateway/gateway.hpp"
 #include "net/http_client.hpp"
+#include "net/http_server.hpp"
 #include "wire/metrics_text.hpp"
+#include "wire/openai_request.hpp"
 
 #include <map>
 #include <mutex>
@@ -47,7 +49,7 @@ struct proxy_stats {
 /// an actor's thread (never on the client's own, which it would then join).
 struct proxy_context {
   caf::actor_system& sys;
-  gateway_peers peers;
+  control_plane plane;
   std::shared_ptr<const wire::topology> topo;
   std::weak_ptr<http_client> upstream;
   std::shared_ptr<proxy_stats> stats;

@@ -9,6 +9,9 @@
 
 namespace llmgw::wire {
 
+/// Unacknowledged updates a forwarder allows by default.
+inline constexpr std::uint64_t default_window = 64;
+
 class session_window {
 public:
   explicit session_window(std::uint64_t limit) : limit_(limit) {}

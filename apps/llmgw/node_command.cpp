@@ -12,9 +12,8 @@
 // control node. CAF heartbeats run on every node, so a frozen peer is found.
 #include "actors/agent.hpp"
 #include "actors/control.hpp"
+#include "actors/control_plane.hpp"
 #include "actors/registration.hpp"
-#include "actors/router.hpp"
-#include "actors/tokenizer.hpp"
 #include "apps/common/stop_signals.hpp"
 #include "apps/llmgw/commands.hpp"
 #include "base/log.hpp"
@@ -29,14 +28,12 @@
 #include <caf/actor_system_config.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/openssl/manager.hpp>
-#include <caf/openssl/publish.hpp>
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 #include <fmt/format.h>
 
 #include <csignal>
-#include <netdb.h>
 #include <pthread.h>
 #include <sys/socket.h>
 
@@ -58,9 +55,10 @@ struct node_config : caf::actor_system_config {
     set("middleman.connection-timeout", caf::timespan{topo.connection_timeout});
     set("scheduler.max-threads", threads);
     // CAF 0.17's idle workers nap 50 us at a time for up to 500 polls, and
-    // nothing wakes them early: every message from the HTTP threads to the
-    // router waited for the nap to end. Go from spinning straight to the
-    // wait an enqueue notifies (measured: -85 us on the gateway's p50).
+    // nothing wakes them early: every message from a gateway thread to an
+    // actor (the tokenizer, the control actor) waited for the nap to end.
+    // Go from spinning straight to the wait an enqueue notifies (measured
+    // when the gateway still asked the router actor: -85 us on its p50).
     set("work-stealing.moderate-poll-attempts", std::size_t{1});
     // A worker in that wait also wakes every relaxed-sleep-duration (10 ms)
     // to steal work: on this VM ~30 us of CPU per wake, 3 ms/s per idle
@@ -70,39 +68,6 @@ struct node_config : caf::actor_system_config {
     set("logger.verbosity", caf::atom("quiet"));
   }
 };
-
-/// Every address `host` resolves to, as CAF reports peers (IPv4 also in its
-/// IPv4-mapped IPv6 form).
-std::set<std::string> addresses_of(const std::string& host) {
-  std::set<std::string> out;
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0)
-    return out;
-  for (auto* ai = res; ai; ai = ai->ai_next) {
-    char buf[NI_MAXHOST];
-    if (getnameinfo(ai->ai_addr, ai->ai_addrlen, buf, sizeof buf, nullptr, 0, NI_NUMERICHOST) != 0)
-      continue;
-    out.insert(buf);
-    if (ai->ai_family == AF_INET)
-      out.insert(std::string("::ffff:") + buf);
-  }
-  freeaddrinfo(res);
-  return out;
-}
-
-agent_config agent_config_of(const wire::topology& topo, const wire::node_spec& node) {
-  agent_config cfg;
-  cfg.node = node.name;
-  cfg.seed = topo.seed;
-  cfg.block_size = topo.block_size;
-  cfg.flush_interval = topo.flush_interval;
-  cfg.engines = node.engines;
-  for (const auto* c : topo.controls())
-    cfg.controls.push_back({c->name, c->host, c->port, c->fingerprints});
-  return cfg;
-}
 
 int run_node(const wire::topology& topo_in, const std::string& name, std::size_t threads) {
   auto topo = std::make_shared<const wire::topology>(topo_in);
@@ -147,39 +112,20 @@ int run_node(const wire::topology& topo_in, const std::string& name, std::size_t
     ~folder_cleanup() { remove_runtime_dir(last); }
   } cleanup;
   caf::actor_system sys{cfg};
-  gateway_peers control_plane;
+  control_plane plane;
   std::unique_ptr<gateway> gw;
   std::unique_ptr<http_server> agent_admin; // an agent-only node's /healthz and /metrics
   agent_handles agent;
   int exit_code = 0;
   if (node->roles.control) {
-    control_options opts;
-    opts.node = name;
-    opts.topo = topo;
-    opts.identity = identity;
-    if (topo->check_agent_address)
-      for (const auto& n : topo->nodes)
-        if (n.roles.agent) {
-          auto addrs = addresses_of(n.host);
-          if (addrs.empty())
-            LLMGW_LOG(warning, who,
-                      "cannot resolve agent node '{}''s host '{}': its sessions "
-                      "will be refused until it resolves",
-                      n.name, n.host);
-          addrs.insert("unresolved:" + n.host); // never matches, keeps the check on
-          opts.agent_addresses[n.name] = std::move(addrs);
-        }
-    control_plane = spawn_control_plane(sys, opts);
-    const auto& peers = control_plane;
-    auto published =
-      topo->plaintext ? sys.middleman().publish(peers.control, node->port, node->host.c_str(), true)
-                      : caf::openssl::publish(peers.control, node->port, node->host.c_str(), true);
+    plane = spawn_control_plane(sys, control_options_of(topo, name, identity));
+    auto published = publish_control(sys, plane, *topo, *node);
     if (!published) {
       LLMGW_LOG(error, who, "cannot listen for agents on {}:{}: {}", node->host, node->port,
                 sys.render(published.error()));
       exit_code = 1;
     } else {
-      gw = std::make_unique<gateway>(sys, topo, node->http_host, node->http_port, peers,
+      gw = std::make_unique<gateway>(sys, topo, node->http_host, node->http_port, plane,
                                      node->admin_host, node->admin_port);
       if (gw->port() == 0) {
         LLMGW_LOG(error, who, "gateway: {}", gw->error());
@@ -252,7 +198,7 @@ int run_node(const wire::topology& topo_in, const std::string& name, std::size_t
     agent_admin->stop();
   stop_agent(agent);
   cleanup.last.runtime_dir = agent.runtime_dir;
-  stop_control_plane(control_plane);
+  stop_control_plane(plane);
   return exit_code; // the actor system waits for every actor as it goes
 }
 

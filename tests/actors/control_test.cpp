@@ -69,14 +69,14 @@ wire::topology tls_cluster() {
 }
 
 struct control_test : llmgw::test::deterministic {
-  std::shared_ptr<wire::locked_router> shared;
+  std::shared_ptr<wire::shared_router> shared;
   router_actor rt;
   control_actor ctl;
 
   void SetUp() override { start(cluster(), nullptr); }
 
   void start(const wire::topology& t, std::shared_ptr<const wire::node_identity> id) {
-    shared = std::make_shared<wire::locked_router>(t);
+    shared = std::make_shared<wire::shared_router>(t);
     rt = stop_at_end(sys.spawn(router, shared));
     control_options opts;
     opts.node = "control-1";

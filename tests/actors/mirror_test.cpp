@@ -33,7 +33,7 @@ struct deterministic : llmgw::test::deterministic {
 } // namespace
 
 TEST_F(deterministic, mirror_gives_snapshot_then_net_changes) {
-  auto m = sys.spawn(mirror, std::string("r0"),
+  auto m = sys.spawn(mirror, std::string("r0"), std::uint32_t{0},
                      std::optional<wire::parity_config>(wire::parity_config{"0", 16}));
   auto batches = capture("S1_basic.map.int.json");
   caf::anon_send(m, apply_atom::value, batches[0]);
@@ -77,7 +77,8 @@ TEST_F(deterministic, mirror_gives_snapshot_then_net_changes) {
 }
 
 TEST_F(deterministic, mirror_reset_is_announced_first) {
-  auto m = sys.spawn(mirror, std::string("r1"), std::optional<wire::parity_config>{});
+  auto m =
+    sys.spawn(mirror, std::string("r1"), std::uint32_t{0}, std::optional<wire::parity_config>{});
   auto batches = capture("S1_basic.array.int.json");
   caf::anon_send(m, apply_atom::value, batches[0]);
   sched.run();

@@ -99,7 +99,7 @@ struct agent_path {
   std::string endpoint;
 
   explicit agent_path(const std::string& topic, const std::string& replay = "") {
-    mirror = sys.spawn(llmgw::mirror, std::string("r0"),
+    mirror = sys.spawn(llmgw::mirror, std::string("r0"), std::uint32_t{0},
                        std::optional<wire::parity_config>(wire::parity_config{"0", 16}));
     subscriber_options opts;
     opts.replica = "r0";
@@ -249,7 +249,7 @@ TEST(agent_path, the_control_nodes_copy_equals_the_engines_blocks) {
   auto c = load("S2_churn.map.int.json");
   net_config agent_cfg;
   caf::actor_system agent_sys{agent_cfg};
-  auto m = agent_sys.spawn(mirror, std::string("r0"),
+  auto m = agent_sys.spawn(mirror, std::string("r0"), std::uint32_t{0},
                            std::optional<wire::parity_config>(wire::parity_config{"0", 16}));
   subscriber_options sopts;
   sopts.replica = "r0";

@@ -68,7 +68,8 @@ TEST(engine_supervisor, restarts_an_exiting_engine_and_resets_its_mirror) {
   std::remove(record.c_str());
   sys_config cfg;
   caf::actor_system sys{cfg};
-  auto m = sys.spawn(mirror, std::string("r0"), std::optional<wire::parity_config>{});
+  auto m =
+    sys.spawn(mirror, std::string("r0"), std::uint32_t{0}, std::optional<wire::parity_config>{});
   wire::engine_launch_options lo;
   lo.command = {"/bin/sh", "-c", "echo \"$PYTHONHASHSEED $*\" >> " + record + "; exit 3", "engine"};
   lo.seed = "1234";

@@ -113,7 +113,7 @@ struct gateway_test : ::testing::Test {
   std::shared_ptr<wire::topology> topo = std::make_shared<wire::topology>();
   sys_config cfg;
   caf::actor_system sys{cfg};
-  gateway_peers peers;
+  control_plane plane;
   std::unique_ptr<gateway> gw;
   http_client client;
 
@@ -147,14 +147,14 @@ struct gateway_test : ::testing::Test {
     dead.url = "http://127.0.0.1:1";
     a.engines.push_back(dead);
     topo->nodes.push_back(a);
-    peers = spawn_control_plane(sys, control_options{"control-1", topo, {}, {}, 64});
-    gw = std::make_unique<gateway>(sys, topo, "127.0.0.1", 0, peers);
+    plane = spawn_control_plane(sys, control_options{"control-1", topo, {}, {}, 64});
+    gw = std::make_unique<gateway>(sys, topo, "127.0.0.1", 0, plane);
     ASSERT_NE(gw->port(), 0) << gw->error();
   }
 
   void TearDown() override {
     gw->stop();
-    stop_control_plane(peers);
+    stop_control_plane(plane);
   }
 
   std::string base() const { return "http://127.0.0.1:" + std::to_string(gw->port()); }
@@ -201,7 +201,7 @@ struct gateway_test : ::testing::Test {
     u.reset = true;
     for (const auto& b : h.hash(t))
       u.added.push_back({b.key, wire::medium::gpu});
-    caf::anon_send(peers.router, u);
+    caf::anon_send(plane.router, u);
   }
 
   json::value replicas() {
@@ -512,8 +512,8 @@ TEST(gateway_admin, health_and_metrics_answer_while_clients_hold_every_connectio
   topo->nodes.push_back(a);
   sys_config cfg;
   caf::actor_system sys{cfg};
-  auto peers = spawn_control_plane(sys, control_options{"control-1", topo, {}, {}, 64});
-  gateway gw(sys, topo, "127.0.0.1", 0, peers, "127.0.0.1", 0);
+  auto plane = spawn_control_plane(sys, control_options{"control-1", topo, {}, {}, 64});
+  gateway gw(sys, topo, "127.0.0.1", 0, plane, "127.0.0.1", 0);
   ASSERT_NE(gw.port(), 0) << gw.error();
   ASSERT_NE(gw.admin_port(), 0);
   http_client client;
@@ -550,5 +550,5 @@ TEST(gateway_admin, health_and_metrics_answer_while_clients_hold_every_connectio
   EXPECT_EQ(get(gw.port(), "/v1/kv/replicas").status, 404);
   EXPECT_EQ(get(gw.port(), "/healthz").status, 200);
   gw.stop();
-  stop_control_plane(peers);
+  stop_control_plane(plane);
 }

@@ -1,6 +1,6 @@
 // State a control node's gateway shares with its actors: the router's
-// (wire::locked_router) and the tokenizer's cache (wire::token_cache).
-#include "routing/locked_router.hpp"
+// (wire::shared_router) and the tokenizer's cache (wire::token_cache).
+#include "routing/shared_router.hpp"
 #include "routing/token_cache.hpp"
 #include "wire/block_hash.hpp"
 
@@ -42,7 +42,7 @@ route_query text_query(const std::string& text, bool dry_run = false) {
   return q;
 }
 
-std::uint32_t outstanding(locked_router& lr, const std::string& replica) {
+std::uint32_t outstanding(shared_router& lr, const std::string& replica) {
   return lr.with([&](const router_core& core, const router_stats&) {
     for (const auto& r : core.replicas())
       if (r.name == replica)
@@ -52,15 +52,15 @@ std::uint32_t outstanding(locked_router& lr, const std::string& replica) {
   });
 }
 
-std::uint64_t decisions_counted(locked_router& lr) {
+std::uint64_t decisions_counted(shared_router& lr) {
   return lr.with(
     [](const router_core&, const router_stats& s) { return s.decision_seconds.count(); });
 }
 
 } // namespace
 
-TEST(locked_router, record_remembers_the_prompt_and_counts_the_decision) {
-  locked_router lr(two_replicas());
+TEST(shared_router, record_remembers_the_prompt_and_counts_the_decision) {
+  shared_router lr(two_replicas());
   std::string text(64, 'p');
   auto q = text_query(text);
   auto first = lr.decide(q);
@@ -74,8 +74,8 @@ TEST(locked_router, record_remembers_the_prompt_and_counts_the_decision) {
   EXPECT_EQ(decisions_counted(lr), 1u);
 }
 
-TEST(locked_router, decide_and_record_does_both_and_leaves_dry_runs_alone) {
-  locked_router lr(two_replicas());
+TEST(shared_router, decide_and_record_does_both_and_leaves_dry_runs_alone) {
+  shared_router lr(two_replicas());
   std::string text(64, 'r');
   auto dry = lr.decide_and_record(text_query(text, true));
   ASSERT_FALSE(dry.replica.empty());
@@ -90,8 +90,8 @@ TEST(locked_router, decide_and_record_does_both_and_leaves_dry_runs_alone) {
   EXPECT_EQ(decisions_counted(lr), 2u);
 }
 
-TEST(locked_router, a_dry_run_is_neither_remembered_nor_counted) {
-  locked_router lr(two_replicas());
+TEST(shared_router, a_dry_run_is_neither_remembered_nor_counted) {
+  shared_router lr(two_replicas());
   std::string text(64, 'q');
   auto dry = text_query(text, true);
   auto d = lr.decide(dry);
@@ -101,8 +101,8 @@ TEST(locked_router, a_dry_run_is_neither_remembered_nor_counted) {
   EXPECT_EQ(decisions_counted(lr), 0u);
 }
 
-TEST(locked_router, load_is_counted_until_finished_and_down_replicas_are_avoided) {
-  locked_router lr(two_replicas());
+TEST(shared_router, load_is_counted_until_finished_and_down_replicas_are_avoided) {
+  shared_router lr(two_replicas());
   auto a = lr.decide(text_query(""));
   auto b = lr.decide(text_query(""));
   EXPECT_NE(a.replica, b.replica) << "the least loaded goes next";
@@ -119,8 +119,8 @@ TEST(locked_router, load_is_counted_until_finished_and_down_replicas_are_avoided
   }
 }
 
-TEST(locked_router, updates_and_decisions_from_two_threads_leave_consistent_state) {
-  locked_router lr(two_replicas());
+TEST(shared_router, updates_and_decisions_from_two_threads_leave_consistent_state) {
+  shared_router lr(two_replicas());
   const int n = 20000;
   std::atomic<bool> done{false};
   std::thread updater([&] {

@@ -1,22 +1,22 @@
-#include "routing/locked_router.hpp"
+#include "routing/shared_router.hpp"
 
 namespace llmgw::wire {
 
-locked_router::locked_router(const topology& topo) : core_(topo) {}
+shared_router::shared_router(const topology& topo) : core_(topo) {}
 
-route_decision locked_router::decide(const route_query& q) {
+route_decision shared_router::decide(const route_query& q) {
   std::lock_guard<std::mutex> g(mtx_);
   return decide_locked(q);
 }
 
-route_decision locked_router::decide_locked(const route_query& q) {
+route_decision shared_router::decide_locked(const route_query& q) {
   auto start = std::chrono::steady_clock::now();
   auto d = core_.decide(q, start);
   d.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return d;
 }
 
-route_decision locked_router::decide_and_record(const route_query& q) {
+route_decision shared_router::decide_and_record(const route_query& q) {
   std::lock_guard<std::mutex> g(mtx_);
   auto d = decide_locked(q);
   if (!q.dry_run)
@@ -24,14 +24,14 @@ route_decision locked_router::decide_and_record(const route_query& q) {
   return d;
 }
 
-void locked_router::record(const route_query& q, const route_decision& d) {
+void shared_router::record(const route_query& q, const route_decision& d) {
   if (q.dry_run)
     return;
   std::lock_guard<std::mutex> g(mtx_);
   record_locked(q, d);
 }
 
-void locked_router::record_locked(const route_query& q, const route_decision& d) {
+void shared_router::record_locked(const route_query& q, const route_decision& d) {
   core_.remember(d, q.chunks, std::chrono::steady_clock::now());
   stats_.decision_seconds.observe(q.hash_seconds + d.seconds);
   if (q.tokenize_seconds >= 0)
@@ -44,22 +44,22 @@ void locked_router::record_locked(const route_query& q, const route_decision& d)
     stats_.matched_share_approx.observe(d.score);
 }
 
-void locked_router::finished(const std::string& replica) {
+void shared_router::finished(const std::string& replica) {
   std::lock_guard<std::mutex> g(mtx_);
   core_.finished(replica);
 }
 
-void locked_router::mark_down(const std::string& replica, std::chrono::milliseconds how_long) {
+void shared_router::mark_down(const std::string& replica, std::chrono::milliseconds how_long) {
   std::lock_guard<std::mutex> g(mtx_);
   core_.mark_down(replica, std::chrono::steady_clock::now() + how_long);
 }
 
-void locked_router::append_metrics(metrics_text& out) {
+void shared_router::append_metrics(metrics_text& out) {
   std::lock_guard<std::mutex> g(mtx_);
   append_router_metrics(out, core_, stats_, std::chrono::steady_clock::now());
 }
 
-std::string locked_router::kv_replicas_json() {
+std::string shared_router::kv_replicas_json() {
   std::lock_guard<std::mutex> g(mtx_);
   return wire::kv_replicas_json(core_, stats_, std::chrono::steady_clock::now());
 }

@@ -15,9 +15,9 @@
 
 namespace llmgw::wire {
 
-class locked_router {
+class shared_router {
 public:
-  explicit locked_router(const topology& topo);
+  explicit shared_router(const topology& topo);
 
   /// The decision for `q` (the chosen replica counts one more request
   /// outstanding). Call record() afterwards, once the request is on its way.

@@ -1,0 +1,93 @@
+#include "actors/control_plane.hpp"
+
+#include "actors/control.hpp"
+#include "actors/router.hpp"
+#include "actors/tokenizer.hpp"
+#include "base/log.hpp"
+#include "config/topology.hpp"
+#include "routing/shared_router.hpp"
+#include "routing/token_cache.hpp"
+
+#include <caf/actor_cast.hpp>
+#include <caf/actor_system.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/openssl/publish.hpp>
+#include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include <netdb.h>
+#include <sys/socket.h>
+
+namespace llmgw {
+
+std::set<std::string> addresses_of(const std::string& host) {
+  std::set<std::string> out;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0)
+    return out;
+  for (auto* ai = res; ai; ai = ai->ai_next) {
+    char buf[NI_MAXHOST];
+    if (getnameinfo(ai->ai_addr, ai->ai_addrlen, buf, sizeof buf, nullptr, 0, NI_NUMERICHOST) != 0)
+      continue;
+    out.insert(buf);
+    if (ai->ai_family == AF_INET)
+      out.insert(std::string("::ffff:") + buf);
+  }
+  freeaddrinfo(res);
+  return out;
+}
+
+control_options control_options_of(std::shared_ptr<const wire::topology> topo,
+                                   const std::string& name,
+                                   std::shared_ptr<const wire::node_identity> identity) {
+  control_options opts;
+  opts.node = name;
+  opts.identity = std::move(identity);
+  if (topo->check_agent_address)
+    for (const auto& n : topo->nodes)
+      if (n.roles.agent) {
+        auto addrs = addresses_of(n.host);
+        if (addrs.empty())
+          LLMGW_LOG(warning, "node " + name,
+                    "cannot resolve agent node '{}''s host '{}': its sessions "
+                    "will be refused until it resolves",
+                    n.name, n.host);
+        addrs.insert("unresolved:" + n.host); // never matches, keeps the check on
+        opts.agent_addresses[n.name] = std::move(addrs);
+      }
+  opts.topo = std::move(topo);
+  return opts;
+}
+
+control_plane spawn_control_plane(caf::actor_system& sys, const control_options& opts) {
+  const auto& topo = *opts.topo;
+  control_plane p;
+  p.shared_router = std::make_shared<wire::shared_router>(topo);
+  p.token_cache = std::make_shared<wire::token_cache>(topo.router.tokenize_cache_entries,
+                                                      topo.router.tokenize_cache_mib << 20);
+  p.router = sys.spawn(router, p.shared_router);
+  p.control = sys.spawn(control, opts, p.router);
+  p.tokenizer = sys.spawn(tokenizer, topo, p.token_cache);
+  return p;
+}
+
+caf::expected<std::uint16_t> publish_control(caf::actor_system& sys, const control_plane& plane,
+                                             const wire::topology& topo,
+                                             const wire::node_spec& node) {
+  if (topo.plaintext)
+    return sys.middleman().publish(plane.control, node.port, node.host.c_str(), true);
+  return caf::openssl::publish(plane.control, node.port, node.host.c_str(), true);
+}
+
+void stop_control_plane(const control_plane& plane) {
+  for (const auto& a :
+       {caf::actor_cast<caf::actor>(plane.router), caf::actor_cast<caf::actor>(plane.control),
+        caf::actor_cast<caf::actor>(plane.tokenizer)})
+    if (a)
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+}
+
+} // namespace llmgw

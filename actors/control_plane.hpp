@@ -1,0 +1,62 @@
+// A control node's actors, assembled: the router, the control actor (which
+// agents connect to) and the tokenizer, with the state the router shares
+// with the node's gateways (routing/shared_router, routing/token_cache).
+// The control-node counterpart of actors/agent.hpp; `llmgw node`, the tests
+// and the benchmark build a control node through it.
+#pragma once
+
+#include "actors/interfaces.hpp"
+
+#include <caf/fwd.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <string>
+
+namespace llmgw {
+
+struct control_options;
+
+namespace wire {
+class shared_router;
+class token_cache;
+class node_identity;
+struct topology;
+struct node_spec;
+} // namespace wire
+
+/// The actors of a control node, and the state its gateways share with them.
+struct control_plane {
+  router_actor router;
+  control_actor control;
+  tokenizer_actor tokenizer;
+  std::shared_ptr<wire::shared_router> shared_router; ///< the router actor's state
+  std::shared_ptr<wire::token_cache> token_cache;     ///< the tokenizer's cache
+};
+
+/// Every address `host` resolves to, as CAF reports peers (IPv4 also in its
+/// IPv4-mapped IPv6 form). Empty if it does not resolve.
+std::set<std::string> addresses_of(const std::string& host);
+
+/// The control actor's options for control node `name` of `topo`: its
+/// identity (null in a plaintext cluster) and, when the topology checks
+/// agent addresses, each agent node's resolved addresses (a host that does
+/// not resolve is logged, and its sessions are refused until it does).
+control_options control_options_of(std::shared_ptr<const wire::topology> topo,
+                                   const std::string& name,
+                                   std::shared_ptr<const wire::node_identity> identity);
+
+/// Spawns a control node's router, control and tokenizer actors.
+control_plane spawn_control_plane(caf::actor_system& sys, const control_options& opts);
+
+/// Publishes the control actor on `node`'s CAF port (mutual TLS unless the
+/// topology is plaintext); the port it listens on, or why it cannot.
+caf::expected<std::uint16_t> publish_control(caf::actor_system& sys, const control_plane& plane,
+                                             const wire::topology& topo,
+                                             const wire::node_spec& node);
+
+/// Tells those actors to stop (a default-constructed plane is nothing to stop).
+void stop_control_plane(const control_plane& plane);
+
+} // namespace llmgw
