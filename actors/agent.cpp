@@ -101,7 +101,7 @@ std::string private_folder(const std::string& node, std::string& error) {
 
 } // namespace
 
-agent_config agent_config_of(const wire::topology& topo, const wire::node_spec& node) {
+agent_config agent_config_of(const config::topology& topo, const config::node_spec& node) {
   agent_config cfg;
   cfg.node = node.name;
   cfg.seed = topo.seed;
@@ -166,9 +166,9 @@ agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg) {
     }
     std::vector<mirror_actor> mirrors;
     for (std::uint32_t r = 0; r < e.dp_size; ++r) {
-      auto m = sys.spawn(
-        mirror, e.replica, r,
-        std::optional<wire::parity_config>(wire::parity_config{cfg.seed, cfg.block_size}));
+      auto m =
+        sys.spawn(mirror, e.replica, r,
+                  std::optional<kv::parity_config>(kv::parity_config{cfg.seed, cfg.block_size}));
       out.actors.push_back(caf::actor_cast<caf::actor>(m));
       // Only replicas with events are forwarded: a replica without them must
       // reach the router as "no KV state" (tier 1), not as "holds nothing".
@@ -188,7 +188,7 @@ agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg) {
     }
     out.events_endpoints.push_back(events ? ranks[0].endpoint : std::string{});
     if (!e.launch.empty()) {
-      wire::engine_launch_options lo;
+      config::engine_launch_options lo;
       lo.command = e.launch;
       lo.seed = cfg.seed;
       lo.kv_events = events;
@@ -198,7 +198,7 @@ agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg) {
       lo.replay_endpoint = replay[0]; // vLLM offsets it per rank itself
       engine_supervisor_options so;
       so.replica = e.replica;
-      so.launch = wire::make_engine_launch(lo);
+      so.launch = config::make_engine_launch(lo);
       // The supervisor resets rank 0's mirror on exit; the other ranks' streams
       // restart at seq 0 when the engine comes back, which resets them too.
       out.actors.push_back(

@@ -23,7 +23,7 @@ namespace llmgw {
 
 /// An engine of the node, as the topology describes it (launch empty: an
 /// attached engine, started by the operator).
-using agent_engine_config = wire::engine_spec;
+using agent_engine_config = config::engine_spec;
 
 struct agent_control_config {
   std::string name;
@@ -38,12 +38,12 @@ struct agent_config {
   std::size_t block_size = 16;
   std::vector<agent_engine_config> engines;
   std::vector<agent_control_config> controls;
-  std::chrono::milliseconds flush_interval = wire::default_flush_interval;
-  std::uint64_t window = wire::default_window;
+  std::chrono::milliseconds flush_interval = config::default_flush_interval;
+  std::uint64_t window = kv::default_window;
   std::chrono::milliseconds connect_timeout{5000};
   /// This node's certificate and key (null in a plaintext cluster): each
   /// forwarder proves the node's name with it.
-  std::shared_ptr<const wire::node_identity> identity;
+  std::shared_ptr<const config::node_identity> identity;
 };
 
 /// One subscriber's counters, by replica and rank.
@@ -68,7 +68,7 @@ struct agent_handles {
 /// The agent of node `node` of `topo`: its engines, the control nodes it
 /// forwards to, the cluster's seed, block size and flush interval (no
 /// identity: the caller loads it).
-agent_config agent_config_of(const wire::topology& topo, const wire::node_spec& node);
+agent_config agent_config_of(const config::topology& topo, const config::node_spec& node);
 
 /// Spawns the node's actors in `sys`.
 agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg);

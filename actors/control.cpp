@@ -37,10 +37,10 @@ void refuse(self_ptr self, const std::string& node, const std::string& reason,
   ++st.refused[{label, reason}];
   if (auto n = st.refusal_log.admit("update/" + label + "/" + reason))
     LLMGW_LOG(warning, who(st), "refused update from node '{}' for replica '{}' ({}): {}{}",
-              log::printable(node), log::printable(replica), reason, detail, wire::burst_note(n));
+              log::printable(node), log::printable(replica), reason, detail, burst_note(n));
 }
 
-void drop_replicas_of(self_ptr self, const std::string& node, wire::drop_reason why) {
+void drop_replicas_of(self_ptr self, const std::string& node, routing::drop_reason why) {
   const auto* n = self->state.opts.topo->find_node(node);
   if (!n)
     return;
@@ -77,7 +77,7 @@ void refuse_session(self_ptr self, const std::string& node, const std::string& r
   auto label = st.opts.topo->find_node(node) ? node : std::string("unknown");
   if (auto n = st.refusal_log.admit("session/" + label + "/" + reason))
     LLMGW_LOG(error, who(st), "refused a session claiming node '{}' ({}): {}{}",
-              log::printable(node), reason, detail, wire::burst_note(n));
+              log::printable(node), reason, detail, burst_note(n));
   if (fwd)
     self->send(fwd, refused_atom::value, session, detail);
 }
@@ -124,7 +124,7 @@ void accept(self_ptr self, std::uint64_t session) {
       self->send(previous.forwarder, refused_atom::value, previous.id,
                  std::string("replaced by a newer session of this node"));
     }
-    drop_replicas_of(self, a.node, wire::drop_reason::session);
+    drop_replicas_of(self, a.node, routing::drop_reason::session);
   }
   auto& s = st.sessions[a.node];
   s.id = session;
@@ -196,7 +196,7 @@ control_actor::behavior_type control(control_actor::stateful_pointer<control_sta
                 "agent node '{}' went away ({}): its replicas' KV state is "
                 "dropped until it reconnects",
                 it->first, self->system().render(dm.reason));
-      drop_replicas_of(self, it->first, wire::drop_reason::node_down);
+      drop_replicas_of(self, it->first, routing::drop_reason::node_down);
       st.sessions.erase(it);
       return;
     }
@@ -237,7 +237,7 @@ control_actor::behavior_type control(control_actor::stateful_pointer<control_sta
         return refuse_session(self, hello.node, "busy", hello.session, fwd,
                               std::to_string(from_peer)
                                 + " session attempts of this peer are in progress");
-      auto share = wire::key_share::make();
+      auto share = config::key_share::make();
       if (!share)
         return refuse_session(self, hello.node, "internal", hello.session, fwd,
                               share.err().message);
@@ -257,7 +257,7 @@ control_actor::behavior_type control(control_actor::stateful_pointer<control_sta
       if (st.opts.identity) {
         proof.certificate = st.opts.identity->certificate();
         proof.signature =
-          st.opts.identity->sign(wire::proof_input(wire::proof_role::control, a.transcript));
+          st.opts.identity->sign(config::proof_input(config::proof_role::control, a.transcript));
       }
       a.share.emplace(std::move(*share));
       if (!st.watched(fwd))
@@ -282,7 +282,7 @@ control_actor::behavior_type control(control_actor::stateful_pointer<control_sta
         const auto* n = st.opts.topo->find_node(a.node);
         auto check = st.opts.identity->check_peer(
           proof.certificate, a.node, n->fingerprints,
-          wire::proof_input(wire::proof_role::agent, a.transcript), proof.signature);
+          config::proof_input(config::proof_role::agent, a.transcript), proof.signature);
         if (!check)
           return refuse_attempt(self, proof.session, check.reason,
                                 "it did not prove to be node '" + a.node + "': " + check.detail);
@@ -318,7 +318,7 @@ control_actor::behavior_type control(control_actor::stateful_pointer<control_sta
         if (!from(s.forwarder)) // someone else speaks for this node: no ack on its behalf
           return refuse(self, u.node, "impostor", u.replica,
                         "sent by an actor that is not the node's forwarder");
-        if (!wire::same_mac(u.mac, update_mac(s.key, u)))
+        if (!config::same_mac(u.mac, update_mac(s.key, u)))
           return refuse(self, u.node, "mac", u.replica,
                         "the update's MAC does not match the session key");
         if (u.seq <= s.last_seq) // a relay passing a genuine update on twice
@@ -333,7 +333,7 @@ control_actor::behavior_type control(control_actor::stateful_pointer<control_sta
         if (a.key.empty())
           return refuse(self, u.node, "not_proven", u.replica,
                         "sent before the session's handshake finished");
-        if (!wire::same_mac(u.mac, update_mac(a.key, u)))
+        if (!config::same_mac(u.mac, update_mac(a.key, u)))
           return refuse(self, u.node, "mac", u.replica,
                         "the update's MAC does not match the session key");
         if (u.seq <= a.last_seq)

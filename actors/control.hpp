@@ -44,10 +44,10 @@ namespace llmgw {
 
 struct control_options {
   std::string node; ///< this control node's name (logs, and in every handshake)
-  std::shared_ptr<const wire::topology> topo;
+  std::shared_ptr<const config::topology> topo;
   /// This node's certificate and key; null in a plaintext cluster (the
   /// handshake still derives a session key, but nobody proves a name).
-  std::shared_ptr<const wire::node_identity> identity;
+  std::shared_ptr<const config::node_identity> identity;
   /// Agent node -> the addresses its connections may come from (its host,
   /// resolved). Empty: the peer address is not checked.
   std::map<std::string, std::set<std::string>> agent_addresses;
@@ -69,8 +69,8 @@ struct control_state {
   struct attempt {
     std::string node;
     forwarder_actor forwarder;
-    wire::session_transcript transcript;
-    std::optional<wire::key_share> share;
+    config::session_transcript transcript;
+    std::optional<config::key_share> share;
     std::string key; ///< set once the agent's proof checked out
     std::uint64_t last_seq = 0;
     std::vector<replica_update> pending; ///< arrived while the address was checked
@@ -83,7 +83,7 @@ struct control_state {
   std::map<std::string, std::uint64_t> sessions_refused;                ///< by reason
   std::uint64_t sessions_started = 0;
   std::uint64_t updates_passed = 0;
-  wire::burst_log refusal_log; ///< refusals are logged once per burst
+  burst_log refusal_log; ///< refusals are logged once per burst
   static inline const char* name = "control";
 
   /// True if a session or attempt refers to `f` (so it stays monitored).

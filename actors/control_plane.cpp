@@ -40,9 +40,9 @@ std::set<std::string> addresses_of(const std::string& host) {
   return out;
 }
 
-control_options control_options_of(std::shared_ptr<const wire::topology> topo,
+control_options control_options_of(std::shared_ptr<const config::topology> topo,
                                    const std::string& name,
-                                   std::shared_ptr<const wire::node_identity> identity) {
+                                   std::shared_ptr<const config::node_identity> identity) {
   control_options opts;
   opts.node = name;
   opts.identity = std::move(identity);
@@ -65,9 +65,9 @@ control_options control_options_of(std::shared_ptr<const wire::topology> topo,
 control_plane spawn_control_plane(caf::actor_system& sys, const control_options& opts) {
   const auto& topo = *opts.topo;
   control_plane p;
-  p.shared_router = std::make_shared<wire::shared_router>(topo);
-  p.token_cache = std::make_shared<wire::token_cache>(topo.router.tokenize_cache_entries,
-                                                      topo.router.tokenize_cache_mib << 20);
+  p.shared_router = std::make_shared<routing::shared_router>(topo);
+  p.token_cache = std::make_shared<routing::token_cache>(topo.router.tokenize_cache_entries,
+                                                         topo.router.tokenize_cache_mib << 20);
   p.router = sys.spawn(router, p.shared_router);
   p.control = sys.spawn(control, opts, p.router);
   p.tokenizer = sys.spawn(tokenizer, topo, p.token_cache);
@@ -75,8 +75,8 @@ control_plane spawn_control_plane(caf::actor_system& sys, const control_options&
 }
 
 caf::expected<std::uint16_t> publish_control(caf::actor_system& sys, const control_plane& plane,
-                                             const wire::topology& topo,
-                                             const wire::node_spec& node) {
+                                             const config::topology& topo,
+                                             const config::node_spec& node) {
   if (topo.plaintext)
     return sys.middleman().publish(plane.control, node.port, node.host.c_str(), true);
   return caf::openssl::publish(plane.control, node.port, node.host.c_str(), true);

@@ -18,21 +18,24 @@ namespace llmgw {
 
 struct control_options;
 
-namespace wire {
+namespace routing {
 class shared_router;
 class token_cache;
+} // namespace routing
+
+namespace config {
 class node_identity;
 struct topology;
 struct node_spec;
-} // namespace wire
+} // namespace config
 
 /// The actors of a control node, and the state its gateways share with them.
 struct control_plane {
   router_actor router;
   control_actor control;
   tokenizer_actor tokenizer;
-  std::shared_ptr<wire::shared_router> shared_router; ///< the router actor's state
-  std::shared_ptr<wire::token_cache> token_cache;     ///< the tokenizer's cache
+  std::shared_ptr<routing::shared_router> shared_router; ///< the router actor's state
+  std::shared_ptr<routing::token_cache> token_cache;     ///< the tokenizer's cache
 };
 
 /// Every address `host` resolves to, as CAF reports peers (IPv4 also in its
@@ -43,9 +46,9 @@ std::set<std::string> addresses_of(const std::string& host);
 /// identity (null in a plaintext cluster) and, when the topology checks
 /// agent addresses, each agent node's resolved addresses (a host that does
 /// not resolve is logged, and its sessions are refused until it does).
-control_options control_options_of(std::shared_ptr<const wire::topology> topo,
+control_options control_options_of(std::shared_ptr<const config::topology> topo,
                                    const std::string& name,
-                                   std::shared_ptr<const wire::node_identity> identity);
+                                   std::shared_ptr<const config::node_identity> identity);
 
 /// Spawns a control node's router, control and tokenizer actors.
 control_plane spawn_control_plane(caf::actor_system& sys, const control_options& opts);
@@ -53,8 +56,8 @@ control_plane spawn_control_plane(caf::actor_system& sys, const control_options&
 /// Publishes the control actor on `node`'s CAF port (mutual TLS unless the
 /// topology is plaintext); the port it listens on, or why it cannot.
 caf::expected<std::uint16_t> publish_control(caf::actor_system& sys, const control_plane& plane,
-                                             const wire::topology& topo,
-                                             const wire::node_spec& node);
+                                             const config::topology& topo,
+                                             const config::node_spec& node);
 
 /// Tells those actors to stop (a default-constructed plane is nothing to stop).
 void stop_control_plane(const control_plane& plane);

@@ -53,7 +53,7 @@ std::string resolve_executable(const std::string& name) {
 /// so stopping it reaches the processes it starts. Between fork and exec the
 /// child calls only async-signal-safe functions; an exec failure comes back
 /// through a close-on-exec pipe.
-pid_t spawn_engine(const wire::engine_launch& launch, std::string& error) {
+pid_t spawn_engine(const config::engine_launch& launch, std::string& error) {
   std::vector<std::string> env_strings;
   for (char** e = environ; *e; ++e) {
     std::string entry = *e;
@@ -211,7 +211,7 @@ engine_supervisor(engine_supervisor_actor::stateful_pointer<engine_supervisor_st
       st.pid = 0;
       if (st.mirror) // its KV cache is gone with it
         self->send(st.mirror, reset_atom::value,
-                   static_cast<std::uint8_t>(wire::reset_reason::engine_exit));
+                   static_cast<std::uint8_t>(kv::reset_reason::engine_exit));
       schedule_restart(self);
     },
     [self](status_atom) {

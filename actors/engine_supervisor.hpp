@@ -1,5 +1,5 @@
 // The engine supervisor: starts one engine (vLLM, or llmgw-sim) with the
-// command line wire::make_engine_launch builds, polls for its exit, resets
+// command line config::make_engine_launch builds, polls for its exit, resets
 // the engine's mirror when it exits (its KV cache is gone) and starts it
 // again with exponential backoff. When the supervisor stops, it stops the
 // engine: SIGTERM, then SIGKILL after a grace period.
@@ -16,7 +16,7 @@ namespace llmgw {
 
 struct engine_supervisor_options {
   std::string replica;
-  wire::engine_launch launch;
+  config::engine_launch launch;
   std::chrono::milliseconds poll_interval{100};
   std::chrono::milliseconds backoff_min{500};
   std::chrono::milliseconds backoff_max{30000};

@@ -19,7 +19,7 @@ using self_ptr = forwarder_actor::stateful_pointer<forwarder_state>;
 std::uint64_t new_session_id() {
   std::uint64_t id = 0;
   while (id == 0) {
-    auto bytes = wire::random_bytes(sizeof id);
+    auto bytes = config::random_bytes(sizeof id);
     std::memcpy(&id, bytes.data(), sizeof id);
   }
   return id;
@@ -98,7 +98,7 @@ void end_session(self_ptr self) {
 /// the control node's proof.
 void start_session(self_ptr self, control_actor control) {
   auto& st = self->state;
-  auto share = wire::key_share::make();
+  auto share = config::key_share::make();
   if (!share) {
     LLMGW_LOG(error, "forwarder " + st.opts.control, "cannot start a session: {}",
               share.err().message);
@@ -148,7 +148,7 @@ void on_proof(self_ptr self, const control_proof& proof) {
   if (st.opts.identity) {
     auto check = st.opts.identity->check_peer(
       proof.certificate, st.opts.control, st.opts.control_fingerprints,
-      wire::proof_input(wire::proof_role::control, st.transcript), proof.signature);
+      config::proof_input(config::proof_role::control, st.transcript), proof.signature);
     if (!check)
       return refuse(check.reason + ": " + check.detail);
   }
@@ -162,7 +162,7 @@ void on_proof(self_ptr self, const control_proof& proof) {
   if (st.opts.identity) {
     mine.certificate = st.opts.identity->certificate();
     mine.signature =
-      st.opts.identity->sign(wire::proof_input(wire::proof_role::agent, st.transcript));
+      st.opts.identity->sign(config::proof_input(config::proof_role::agent, st.transcript));
   }
   self->send(st.control, std::move(mine));
   LLMGW_LOG(info, "forwarder " + st.opts.control, "session {} started, sending {} replicas",
@@ -183,7 +183,7 @@ forwarder_actor::behavior_type forwarder(forwarder_actor::stateful_pointer<forwa
                                          forwarder_options opts, std::vector<mirror_entry> mirrors,
                                          connect_function connect) {
   auto& st = self->state;
-  st.window = wire::session_window(opts.window);
+  st.window = kv::session_window(opts.window);
   st.peer = std::hash<std::string>{}(opts.control) | 1; // stable per control node
   st.counts = opts.counters ? opts.counters : std::make_shared<forwarder_counters>();
   st.opts = std::move(opts);

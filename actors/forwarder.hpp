@@ -7,7 +7,7 @@
 // Every update carries the session key's MAC. A handshake that does not
 // finish within handshake_timeout, a refused session, or a control node
 // that says it no longer knows this session: the forwarder starts over. A bounded window of
-// unacknowledged updates (wire::session_window) keeps a slow or gone control node from growing
+// unacknowledged updates (kv::session_window) keeps a slow or gone control node from growing
 // memory: while it is full, the mirrors are simply not drained. When the
 // control node goes down, the forwarder asks for a new connection with
 // exponential backoff.
@@ -41,15 +41,15 @@ struct forwarder_counters {
 struct forwarder_options {
   std::string node;    ///< this agent node's name
   std::string control; ///< the control node's name (logs, peer id)
-  std::chrono::milliseconds flush_interval = wire::default_flush_interval;
-  std::uint64_t window = wire::default_window; ///< unacknowledged updates at most
+  std::chrono::milliseconds flush_interval = config::default_flush_interval;
+  std::uint64_t window = kv::default_window; ///< unacknowledged updates at most
   std::chrono::milliseconds backoff_min{100};
   /// Capped low: an attempt is one TCP connect, and a restarted control node
   /// must get its full copies within a second.
   std::chrono::milliseconds backoff_max{500};
   std::chrono::milliseconds handshake_timeout{10000};
   /// This node's certificate and key; null in a plaintext cluster.
-  std::shared_ptr<const wire::node_identity> identity;
+  std::shared_ptr<const config::node_identity> identity;
   /// The control node's certificates (the topology's fingerprints; empty: any
   /// certificate of the CA that names it).
   std::vector<std::string> control_fingerprints;
@@ -74,14 +74,14 @@ struct forwarder_state {
   std::vector<mirror_entry> mirrors;
   connect_function connect;
   control_actor control; ///< invalid while disconnected
-  wire::session_window window{64};
+  kv::session_window window{64};
   std::uint64_t peer = 0; ///< our subscriber id at every mirror
   std::chrono::milliseconds backoff{0};
   std::shared_ptr<forwarder_counters> counts; ///< opts.counters
   /// The handshake of the current session, until the control node's proof
   /// checked out (then `key` is set and updates flow).
-  std::optional<wire::key_share> share;
-  wire::session_transcript transcript;
+  std::optional<config::key_share> share;
+  config::session_transcript transcript;
   std::string key;
   bool connect_scheduled = false; ///< a connect_atom is on its way
   bool connecting = false;        ///< an attempt is in flight

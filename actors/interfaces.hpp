@@ -39,7 +39,7 @@ using mirror_actor = caf::typed_actor<
   // Apply several batches, in order (what the subscriber sends per poll).
   caf::reacts_to<apply_atom, batch_list>,
   // Reset: the stream had a gap or restart, or the engine exited; the reason
-  // is a wire::reset_reason as an integer.
+  // is a kv::reset_reason as an integer.
   caf::reacts_to<reset_atom, std::uint8_t>,
   // Subscribe peer N: answers with the full state (reset = true).
   caf::replies_to<subscribe_atom, std::uint64_t>::with<replica_update>,
@@ -92,12 +92,12 @@ using control_actor = caf::typed_actor<
 using router_actor = caf::typed_actor<
   // An agent's net change for one replica rank, checked by the control actor.
   caf::reacts_to<replica_update>,
-  // Forget a replica's KV state; the reason is a wire::drop_reason.
+  // Forget a replica's KV state; the reason is a routing::drop_reason.
   caf::reacts_to<drop_atom, std::string, std::uint8_t>,
   // Decide where a request goes (and remember it). The node's own gateway
-  // decides through the shared wire::shared_router instead, on its thread.
+  // decides through the shared routing::shared_router instead, on its thread.
   // Its metrics and /v1/kv/replicas are read from that shared state too.
-  caf::replies_to<route_atom, wire::route_query>::with<wire::route_decision>>;
+  caf::replies_to<route_atom, routing::route_query>::with<routing::route_decision>>;
 
 /// Tokenizes prompts through the engines' /tokenize, with a cache.
 using tokenizer_actor = caf::typed_actor<

@@ -17,15 +17,15 @@ void apply_batch(mirror_state& st, const wire::event_batch& batch) {
   st.counters.removed += counts.removed;
   st.counters.ignored_removes += counts.ignored_removes;
   st.counters.verified_blocks += counts.verified;
-  st.counters.resets[static_cast<int>(wire::reset_reason::clear)] += counts.clears;
-  if (before != wire::parity_state::mismatch && st.table.parity() == wire::parity_state::mismatch)
+  st.counters.resets[static_cast<int>(kv::reset_reason::clear)] += counts.clears;
+  if (before != kv::parity_state::mismatch && st.table.parity() == kv::parity_state::mismatch)
     LLMGW_LOG(warning, "mirror " + st.replica, "hash mismatch, blocks not trusted: {}",
               st.table.parity_message());
 }
 
 } // namespace
 
-replica_update to_update(const mirror_state& st, const wire::table_delta& delta) {
+replica_update to_update(const mirror_state& st, const kv::table_delta& delta) {
   auto parity = st.table.parity();
   replica_update u;
   u.replica = st.replica;
@@ -41,10 +41,10 @@ replica_update to_update(const mirror_state& st, const wire::table_delta& delta)
 
 mirror_actor::behavior_type mirror(mirror_actor::stateful_pointer<mirror_state> self,
                                    std::string replica, std::uint32_t dp_rank,
-                                   std::optional<wire::parity_config> parity) {
+                                   std::optional<kv::parity_config> parity) {
   self->state.replica = std::move(replica);
   self->state.dp_rank = dp_rank;
-  self->state.table = wire::block_table(std::move(parity));
+  self->state.table = kv::block_table(std::move(parity));
   return {
     [self](apply_atom, const batch_ptr& batch) { apply_batch(self->state, *batch); },
     [self](apply_atom, const batch_list& batches) {
@@ -54,7 +54,7 @@ mirror_actor::behavior_type mirror(mirror_actor::stateful_pointer<mirror_state> 
     [self](reset_atom, std::uint8_t reason) {
       if (reason >= 5)
         return; // not a reset_reason: a bug in the sender, ignored here
-      self->state.table.reset(static_cast<wire::reset_reason>(reason));
+      self->state.table.reset(static_cast<kv::reset_reason>(reason));
       ++self->state.counters.resets[reason];
     },
     [self](subscribe_atom, std::uint64_t peer) {

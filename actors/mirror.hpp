@@ -1,5 +1,5 @@
 // The mirror: one per engine, the only owner of that engine's block table.
-// A thin shell: each handler unpacks its message and calls wire::block_table.
+// A thin shell: each handler unpacks its message and calls kv::block_table.
 #pragma once
 
 #include "actors/interfaces.hpp"
@@ -13,8 +13,8 @@ namespace llmgw {
 struct mirror_state {
   std::string replica;
   std::uint32_t dp_rank = 0;
-  wire::block_table table;
-  wire::mirror_totals counters; ///< sent along with every update
+  kv::block_table table;
+  kv::mirror_totals counters; ///< sent along with every update
   static inline const char* name = "mirror";
 };
 
@@ -22,9 +22,9 @@ struct mirror_state {
 /// stream and KV cache); `parity` is nullopt when hashes are not checked.
 mirror_actor::behavior_type mirror(mirror_actor::stateful_pointer<mirror_state> self,
                                    std::string replica, std::uint32_t dp_rank,
-                                   std::optional<wire::parity_config> parity);
+                                   std::optional<kv::parity_config> parity);
 
 /// The update a mirror answers with, from a table delta.
-replica_update to_update(const mirror_state& st, const wire::table_delta& delta);
+replica_update to_update(const mirror_state& st, const kv::table_delta& delta);
 
 } // namespace llmgw

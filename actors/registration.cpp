@@ -8,11 +8,11 @@
 namespace llmgw {
 
 void register_message_types(caf::actor_system_config& cfg) {
-  cfg.add_message_type<wire::block_ref>("llmgw::block_ref");
+  cfg.add_message_type<kv::block_ref>("llmgw::block_ref");
   cfg.add_message_type<agent_hello>("llmgw::agent_hello");
   cfg.add_message_type<control_proof>("llmgw::control_proof");
   cfg.add_message_type<agent_proof>("llmgw::agent_proof");
-  cfg.add_message_type<wire::mirror_totals>("llmgw::mirror_totals");
+  cfg.add_message_type<kv::mirror_totals>("llmgw::mirror_totals");
   cfg.add_message_type<replica_update>("llmgw::replica_update");
   cfg.add_message_type<session_ack>("llmgw::session_ack");
   // Handles that travel inside messages (agent_hello carries the forwarder).

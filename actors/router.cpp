@@ -7,21 +7,21 @@
 
 namespace llmgw {
 
-void apply_update(wire::router_core& core, wire::router_stats& stats, const replica_update& u,
+void apply_update(routing::router_core& core, routing::router_stats& stats, const replica_update& u,
                   std::chrono::steady_clock::time_point now) {
   auto& kv = core.kv();
   auto before = kv.find(u.replica, u.dp_rank);
-  auto was = before ? kv.info(*before).parity : wire::parity_state::unknown;
-  wire::kv_change change{
-    u.replica, u.dp_rank, u.epoch, u.reset, static_cast<wire::parity_state>(u.parity),
+  auto was = before ? kv.info(*before).parity : kv::parity_state::unknown;
+  routing::kv_change change{
+    u.replica, u.dp_rank, u.epoch, u.reset, static_cast<kv::parity_state>(u.parity),
     &u.added,  &u.removed};
   switch (kv.apply(change, now)) {
-  case wire::apply_outcome::applied:
+  case routing::apply_outcome::applied:
     break;
-  case wire::apply_outcome::stale_epoch:
+  case routing::apply_outcome::stale_epoch:
     ++stats.stale_updates;
     return;
-  case wire::apply_outcome::needs_reset:
+  case routing::apply_outcome::needs_reset:
     ++stats.unexpected_updates;
     return;
   }
@@ -29,7 +29,7 @@ void apply_update(wire::router_core& core, wire::router_stats& stats, const repl
   if (stats.totals.size() <= h)
     stats.totals.resize(static_cast<std::size_t>(h) + 1);
   stats.totals[h] = u.totals;
-  if (was != wire::parity_state::mismatch && kv.info(h).parity == wire::parity_state::mismatch) {
+  if (was != kv::parity_state::mismatch && kv.info(h).parity == kv::parity_state::mismatch) {
     ++stats.mismatches[u.replica];
     LLMGW_LOG(error, "router",
               "replica {} rank {} hashes blocks differently from llmgw: not "
@@ -39,27 +39,27 @@ void apply_update(wire::router_core& core, wire::router_stats& stats, const repl
 }
 
 router_actor::behavior_type router(router_actor::stateful_pointer<router_state> self,
-                                   std::shared_ptr<wire::shared_router> shared) {
+                                   std::shared_ptr<routing::shared_router> shared) {
   self->state.shared = std::move(shared);
   auto& lr = *self->state.shared;
   return {
     [&lr](const replica_update& u) {
-      lr.with([&](wire::router_core& core, wire::router_stats& stats) {
+      lr.with([&](routing::router_core& core, routing::router_stats& stats) {
         apply_update(core, stats, u, std::chrono::steady_clock::now());
       });
     },
     [&lr](drop_atom, const std::string& replica, std::uint8_t reason) {
-      lr.with([&](wire::router_core& core, wire::router_stats& stats) {
+      lr.with([&](routing::router_core& core, routing::router_stats& stats) {
         auto& kv = core.kv();
         bool had = false;
         for (auto h : kv.holders_of(replica))
           had = had || kv.info(h).has_state;
         kv.drop_replica(replica);
         if (had)
-          ++stats.drops[{replica, static_cast<wire::drop_reason>(reason & 1)}];
+          ++stats.drops[{replica, static_cast<routing::drop_reason>(reason & 1)}];
       });
     },
-    [&lr](route_atom, const wire::route_query& q) {
+    [&lr](route_atom, const routing::route_query& q) {
       auto d = lr.decide(q);
       lr.record(q, d);
       return d;

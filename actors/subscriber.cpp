@@ -53,10 +53,10 @@ void subscriber(caf::blocking_actor* self, const std::shared_ptr<subscriber_sock
                 const subscriber_options& opts, mirror_actor mirror,
                 std::shared_ptr<subscriber_stats> stats) {
   const std::string who = "subscriber " + opts.replica;
-  wire::event_stream::config cfg;
+  kv::event_stream::config cfg;
   cfg.replay_available = !opts.replay.empty();
   cfg.replay_timeout = opts.replay_timeout;
-  wire::event_stream stream(cfg);
+  kv::event_stream stream(cfg);
   std::optional<zmq::socket_t> dealer;
   if (cfg.replay_available) {
     dealer.emplace(socket->context, zmq::socket_type::dealer);
@@ -67,7 +67,7 @@ void subscriber(caf::blocking_actor* self, const std::shared_ptr<subscriber_sock
     dealer->connect(opts.replay);
   }
   auto last_error_log = std::chrono::steady_clock::time_point{};
-  wire::burst_log frame_log; // a bad frame per message must not log per message
+  burst_log frame_log; // a bad frame per message must not log per message
   // Batches decoded in one poll go to the mirror in one message: a message
   // per batch cost more than applying it. Flushed before any reset (order
   // matters), at 256 batches, and at the end of every poll.
@@ -86,29 +86,29 @@ void subscriber(caf::blocking_actor* self, const std::shared_ptr<subscriber_sock
     stats->gaps_filled = c.gaps_filled;
     stats->restarts = c.restarts;
   };
-  auto carry_out = [&](std::vector<wire::stream_action> actions) {
+  auto carry_out = [&](std::vector<kv::stream_action> actions) {
     for (auto& a : actions) {
       switch (a.what) {
-      case wire::stream_action::kind::apply:
+      case kv::stream_action::kind::apply:
         pending->push_back(std::move(a.batch));
         if (pending->size() >= 256)
           flush_pending();
         break;
-      case wire::stream_action::kind::reset:
+      case kv::stream_action::kind::reset:
         flush_pending();
         if (a.decode_failure) {
           auto now = std::chrono::steady_clock::now();
           if (now - last_error_log > std::chrono::seconds(1)) { // once per burst
             LLMGW_LOG(warning, who, "seq {}: payload does not decode ({}): {}", a.seq,
-                      wire::to_string(a.decode_failure->code), a.decode_failure->message);
+                      to_string(a.decode_failure->code), a.decode_failure->message);
             last_error_log = now;
           }
         } else {
-          LLMGW_LOG(info, who, "resetting the mirror: {}", wire::to_string(a.reason));
+          LLMGW_LOG(info, who, "resetting the mirror: {}", kv::to_string(a.reason));
         }
         self->send(mirror, reset_atom::value, static_cast<std::uint8_t>(a.reason));
         break;
-      case wire::stream_action::kind::request_replay: {
+      case kv::stream_action::kind::request_replay: {
         auto start = wire::replay_request(a.seq);
         std::array<zmq::const_buffer, 2> request = {zmq::const_buffer("", 0),
                                                     zmq::const_buffer(start.data(), start.size())};
@@ -127,24 +127,24 @@ void subscriber(caf::blocking_actor* self, const std::shared_ptr<subscriber_sock
                                 {dealer ? dealer->handle() : nullptr, 0, ZMQ_POLLIN, 0}};
     zmq::poll(items, dealer ? 2 : 1, opts.poll_interval);
     auto now = std::chrono::steady_clock::now();
-    while (wire::receive_now(socket->sub, parts)) {
-      auto msg = wire::split_live_message(wire::views_of(parts));
+    while (receive_now(socket->sub, parts)) {
+      auto msg = wire::split_live_message(views_of(parts));
       if (!msg) {
         ++stats->bad_frames;
         if (auto n = frame_log.admit("live"))
-          LLMGW_LOG(warning, who, "{}{}", msg.err().message, wire::burst_note(n));
+          LLMGW_LOG(warning, who, "{}{}", msg.err().message, burst_note(n));
         continue;
       }
       if (stream.counts().messages == 0)
         LLMGW_LOG(info, who, "first event batch: seq {}", msg->seq);
       carry_out(stream.on_live(msg->seq, msg->payload, now));
     }
-    while (dealer && wire::receive_now(*dealer, parts)) {
-      auto reply = wire::split_replay_reply(wire::views_of(parts));
+    while (dealer && receive_now(*dealer, parts)) {
+      auto reply = wire::split_replay_reply(views_of(parts));
       if (!reply) {
         ++stats->bad_frames;
         if (auto n = frame_log.admit("replay"))
-          LLMGW_LOG(warning, who, "replay: {}{}", reply.err().message, wire::burst_note(n));
+          LLMGW_LOG(warning, who, "replay: {}{}", reply.err().message, burst_note(n));
         continue;
       }
       carry_out(stream.on_replay(*reply, now));

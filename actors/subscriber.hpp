@@ -7,7 +7,7 @@
 // a mirror). Inbound messages are bounded in size (the decoder's payload
 // limit: a bigger one drops the connection) and in number (a full queue
 // drops messages, which shows as a gap). It polls the sockets with a short timeout, runs
-// wire::event_stream on what arrives, sends decoded batches and resets to the
+// kv::event_stream on what arrives, sends decoded batches and resets to the
 // mirror, and checks its mailbox between polls; an exit message stops it.
 #pragma once
 

@@ -40,8 +40,8 @@ const tokenizer_state::replica* pick(tokenizer_state& st, const std::string& mod
 } // namespace
 
 tokenizer_actor::behavior_type tokenizer(tokenizer_actor::stateful_pointer<tokenizer_state> self,
-                                         const wire::topology& topo,
-                                         std::shared_ptr<wire::token_cache> cache) {
+                                         const config::topology& topo,
+                                         std::shared_ptr<routing::token_cache> cache) {
   auto& st = self->state;
   st.cache = std::move(cache);
   for (const auto& n : topo.nodes)
@@ -126,10 +126,10 @@ tokenizer_actor::behavior_type tokenizer(tokenizer_actor::stateful_pointer<token
 
 tokenizer_actor::behavior_type
 tokenizer_alone(tokenizer_actor::stateful_pointer<tokenizer_state> self,
-                const wire::topology& topo) {
+                const config::topology& topo) {
   return tokenizer(self, topo,
-                   std::make_shared<wire::token_cache>(topo.router.tokenize_cache_entries,
-                                                       topo.router.tokenize_cache_mib << 20));
+                   std::make_shared<routing::token_cache>(topo.router.tokenize_cache_entries,
+                                                          topo.router.tokenize_cache_mib << 20));
 }
 
 } // namespace llmgw

@@ -2,7 +2,7 @@
 // healthy replica of the model for /tokenize (vLLM's API), so the router can
 // hash exactly the blocks the engine caches. Replicas take turns; one that
 // fails or times out is skipped for a while. Answers go into a
-// wire::token_cache, shared with the node's gateway (which looks there
+// routing::token_cache, shared with the node's gateway (which looks there
 // first, on its own thread). HTTP runs on the client's own thread; answers
 // come back as messages.
 #pragma once
@@ -30,7 +30,7 @@ struct tokenizer_state {
   std::vector<replica> replicas;
   std::chrono::milliseconds timeout{500};
   std::chrono::milliseconds bad_for{5000};
-  std::shared_ptr<wire::token_cache> cache;
+  std::shared_ptr<routing::token_cache> cache;
   std::uint64_t turn = 0;
   std::uint64_t next_id = 0;
   struct waiting {
@@ -45,12 +45,12 @@ struct tokenizer_state {
 
 /// A tokenizer filling `cache` (the gateway of the same node reads it).
 tokenizer_actor::behavior_type tokenizer(tokenizer_actor::stateful_pointer<tokenizer_state> self,
-                                         const wire::topology& topo,
-                                         std::shared_ptr<wire::token_cache> cache);
+                                         const config::topology& topo,
+                                         std::shared_ptr<routing::token_cache> cache);
 
 /// A tokenizer with a cache of its own (router.tokenize_cache_entries).
 tokenizer_actor::behavior_type
 tokenizer_alone(tokenizer_actor::stateful_pointer<tokenizer_state> self,
-                const wire::topology& topo);
+                const config::topology& topo);
 
 } // namespace llmgw

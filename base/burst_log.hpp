@@ -3,7 +3,7 @@
 // grow memory with the keys it makes up).
 //
 //   if (auto n = st.refusal_log.admit("impostor/agent-b"))
-//     LLMGW_LOG(warning, who, "...{}", wire::burst_note(n));
+//     LLMGW_LOG(warning, who, "...{}", burst_note(n));
 #pragma once
 
 #include <chrono>
@@ -12,7 +12,7 @@
 #include <string>
 #include <unordered_map>
 
-namespace llmgw::wire {
+namespace llmgw {
 
 /// Decides which events of a kind are logged: the first, then at most one
 /// per period, which says how many were not logged since. Keys are bounded:
@@ -64,4 +64,4 @@ inline std::string burst_note(std::uint64_t n) {
                : std::string{};
 }
 
-} // namespace llmgw::wire
+} // namespace llmgw

@@ -12,7 +12,7 @@
 #include <memory>
 #include <string>
 
-namespace llmgw::wire::ssl {
+namespace llmgw::ssl {
 
 template <class T, void (*Free)(T*)>
 struct deleter {
@@ -40,4 +40,4 @@ inline std::string last_error() {
   return buf;
 }
 
-} // namespace llmgw::wire::ssl
+} // namespace llmgw::ssl

@@ -1,6 +1,6 @@
 #include "base/result.hpp"
 
-namespace llmgw::wire {
+namespace llmgw {
 
 const char* to_string(errc code) noexcept {
   switch (code) {
@@ -28,4 +28,4 @@ const char* to_string(errc code) noexcept {
   return "unknown";
 }
 
-} // namespace llmgw::wire
+} // namespace llmgw

@@ -8,7 +8,7 @@
 #include <utility>
 #include <variant>
 
-namespace llmgw::wire {
+namespace llmgw {
 
 /// What kind of bad input a decoder met; the label of the metric that counts it.
 enum class errc : std::uint8_t {
@@ -60,4 +60,4 @@ private:
   std::variant<T, error> state_;
 };
 
-} // namespace llmgw::wire
+} // namespace llmgw

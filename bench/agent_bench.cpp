@@ -26,13 +26,13 @@ struct run_result {
 
 /// One pass over the capture, draining every `drain_every` batches.
 run_result one_pass(const capture_payloads& f, std::size_t drain_every, bool parity) {
-  wire::event_stream stream({});
-  wire::block_table table(parity ? std::optional<wire::parity_config>(wire::parity_config{"0", 16})
-                                 : std::nullopt);
+  kv::event_stream stream({});
+  kv::block_table table(parity ? std::optional<kv::parity_config>(kv::parity_config{"0", 16})
+                               : std::nullopt);
   table.subscribe(1);
   run_result r;
   std::vector<char> buf;
-  auto now = wire::event_stream::clock::now();
+  auto now = kv::event_stream::clock::now();
   auto drain = [&] {
     auto delta = table.drain(1);
     if (delta.empty())
@@ -53,9 +53,9 @@ run_result one_pass(const capture_payloads& f, std::size_t drain_every, bool par
   };
   for (std::size_t seq = 0; seq < f.payloads.size(); ++seq) {
     for (auto& a : stream.on_live(seq, f.payloads[seq], now)) {
-      if (a.what == wire::stream_action::kind::apply)
+      if (a.what == kv::stream_action::kind::apply)
         table.apply(a.batch);
-      else if (a.what == wire::stream_action::kind::reset)
+      else if (a.what == kv::stream_action::kind::reset)
         table.reset(a.reason);
     }
     if ((seq + 1) % drain_every == 0)

@@ -305,14 +305,14 @@ int run_gateway_bench(int rounds, double rate, const std::string& only, int prom
     }
     respond(http_reply{200, "application/json", answer, {}});
   });
-  auto topo = std::make_shared<wire::topology>();
+  auto topo = std::make_shared<config::topology>();
   topo->seed = "0";
   topo->block_size = 16;
   topo->plaintext = true;
-  wire::node_spec n;
+  config::node_spec n;
   n.name = "agent";
   n.roles.agent = true;
-  wire::engine_spec e;
+  config::engine_spec e;
   e.replica = "r0";
   e.model = "m";
   e.url = "http://127.0.0.1:" + std::to_string(upstream.port());
@@ -324,7 +324,7 @@ int run_gateway_bench(int rounds, double rate, const std::string& only, int prom
   auto plane = spawn_control_plane(sys, control_options{"control", topo, {}, {}, 64});
   gateway gw(sys, topo, "127.0.0.1", 0, plane);
   // The same with two threads (two loops), as nginx runs two workers here.
-  auto topo2 = std::make_shared<wire::topology>(*topo);
+  auto topo2 = std::make_shared<config::topology>(*topo);
   topo2->gateway.threads = 2;
   gateway gw2(sys, topo2, "127.0.0.1", 0, plane);
   nginx_process nginx(upstream.port());

@@ -26,14 +26,14 @@ namespace llmgw::bench {
 
 namespace {
 
-wire::topology cluster_of(std::size_t replicas) {
-  wire::topology t;
+config::topology cluster_of(std::size_t replicas) {
+  config::topology t;
   t.seed = "0";
   t.block_size = 16;
-  wire::node_spec n;
+  config::node_spec n;
   n.name = "agent";
   for (std::size_t i = 0; i < replicas; ++i) {
-    wire::engine_spec e;
+    config::engine_spec e;
     e.replica = "r" + std::to_string(i);
     e.model = "m";
     e.url = "http://127.0.0.1:1";
@@ -65,7 +65,7 @@ latency_result decision_latency(std::size_t replicas, std::size_t prompt_tokens,
                                 std::size_t blocks_per_replica, int samples) {
   std::mt19937_64 rng(42 + replicas + prompt_tokens);
   auto topo = cluster_of(replicas);
-  wire::router_core core(topo);
+  routing::router_core core(topo);
   wire::block_hasher hasher(topo.seed, topo.block_size);
   auto prompt = random_tokens(prompt_tokens, rng);
   std::string text(prompt_tokens * 4, 'x'); // ~4 bytes of text per token
@@ -78,38 +78,38 @@ latency_result decision_latency(std::size_t replicas, std::size_t prompt_tokens,
   hasher.hash_into(system_prompt, {}, system_blocks);
   auto now = std::chrono::steady_clock::now();
   for (std::size_t r = 0; r < replicas; ++r) {
-    std::vector<wire::block_ref> held;
+    std::vector<kv::block_ref> held;
     held.reserve(blocks_per_replica + system_blocks.size() + blocks.size());
     for (std::size_t i = 0; i < blocks_per_replica; ++i)
-      held.push_back({rng(), wire::medium::gpu});
+      held.push_back({rng(), kv::medium::gpu});
     for (const auto& b : system_blocks)
-      held.push_back({b.key, wire::medium::gpu});
+      held.push_back({b.key, kv::medium::gpu});
     if (r % 4 == 0) { // a quarter share the prompt, to growing depths
       auto depth = blocks.size() * (r / 4 + 1) / (replicas / 4 + 1);
       for (std::size_t i = 0; i < depth; ++i)
-        held.push_back({blocks[i].key, i % 7 == 6 ? wire::medium::cpu : wire::medium::gpu});
+        held.push_back({blocks[i].key, i % 7 == 6 ? kv::medium::cpu : kv::medium::gpu});
     }
     core.kv().apply(
-      {"r" + std::to_string(r), 0, 1, true, wire::parity_state::verified, &held, nullptr}, now);
+      {"r" + std::to_string(r), 0, 1, true, kv::parity_state::verified, &held, nullptr}, now);
   }
   std::vector<double> hash_only, decision;
   std::vector<wire::hashed_block> scratch;
   for (int s = 0; s < samples; ++s) {
     hash_only.push_back(time_once([&] { hasher.hash_into(prompt, {}, scratch); }));
-    wire::route_decision d;
+    routing::route_decision d;
     decision.push_back(time_once([&] {
-      wire::route_query q;
+      routing::route_query q;
       q.model = "m";
       q.tokenized = true;
       hasher.hash_into(prompt, {}, scratch);
       q.keys.reserve(scratch.size());
       for (const auto& b : scratch)
         q.keys.push_back(b.key);
-      q.chunks = wire::chunk_hashes(text, 64);
+      q.chunks = routing::chunk_hashes(text, 64);
       d = core.decide(q, now);
     }));
     core.finished(d.replica); // keep the load flat between samples
-    if (d.tier != wire::route_tier::kv)
+    if (d.tier != routing::route_tier::kv)
       std::abort(); // the prompt is held: anything else measures the wrong path
   }
   return {percentile(hash_only, 0.5), percentile(hash_only, 0.99), percentile(decision, 0.5),
@@ -119,22 +119,22 @@ latency_result decision_latency(std::size_t replicas, std::size_t prompt_tokens,
 double updates_per_second(std::size_t replicas, int rounds) {
   std::mt19937_64 rng(7);
   auto topo = cluster_of(replicas);
-  wire::shared_router shared(topo);
+  routing::shared_router shared(topo);
   // As the router actor applies a change: holding the lock the gateway shares.
   auto apply = [&shared](const replica_update& u, std::chrono::steady_clock::time_point at) {
-    shared.with([&](wire::router_core& core, wire::router_stats& stats) {
+    shared.with([&](routing::router_core& core, routing::router_stats& stats) {
       apply_update(core, stats, u, at);
     });
   };
   auto now = std::chrono::steady_clock::now();
   // Full copies first: 20k blocks per replica.
-  std::vector<std::vector<wire::block_ref>> held(replicas);
+  std::vector<std::vector<kv::block_ref>> held(replicas);
   for (std::size_t r = 0; r < replicas; ++r) {
     replica_update u;
     u.replica = "r" + std::to_string(r);
     u.reset = true;
     for (int i = 0; i < 20000; ++i)
-      u.added.push_back({rng(), wire::medium::gpu});
+      u.added.push_back({rng(), kv::medium::gpu});
     held[r] = u.added;
     apply(u, now);
   }
@@ -149,7 +149,7 @@ double updates_per_second(std::size_t replicas, int rounds) {
     for (int k = 0; k < 16; ++k) {
       auto& slot = held[r][rng() % held[r].size()];
       u.removed.push_back(slot);
-      slot = {rng(), wire::medium::gpu};
+      slot = {rng(), kv::medium::gpu};
       u.added.push_back(slot);
     }
   }
@@ -181,9 +181,9 @@ std::pair<double, double> macs_per_second(int rounds) {
     u.replica = "r0";
     u.session = rng();
     for (std::size_t i = 0; i < added; ++i)
-      u.added.push_back({rng(), wire::medium::gpu});
+      u.added.push_back({rng(), kv::medium::gpu});
     for (std::size_t i = 0; i < removed; ++i)
-      u.removed.push_back({rng(), wire::medium::gpu});
+      u.removed.push_back({rng(), kv::medium::gpu});
     return u;
   };
   const std::string key(32, 'k');
@@ -214,15 +214,15 @@ std::pair<double, double> macs_per_second(int rounds) {
 /// `shared` fraction of them held by every replica.
 double bytes_per_entry(std::size_t replicas, std::size_t blocks, double shared) {
   std::mt19937_64 rng(11);
-  wire::block_index idx;
+  routing::block_index idx;
   std::vector<wire::block_key> common(static_cast<std::size_t>(blocks * shared));
   for (auto& k : common)
     k = rng();
   for (std::size_t r = 0; r < replicas; ++r) {
     for (auto k : common)
-      idx.add(k, static_cast<wire::holder_id>(r), wire::medium::gpu);
+      idx.add(k, static_cast<routing::holder_id>(r), kv::medium::gpu);
     for (std::size_t i = common.size(); i < blocks; ++i)
-      idx.add(rng(), static_cast<wire::holder_id>(r), wire::medium::gpu);
+      idx.add(rng(), static_cast<routing::holder_id>(r), kv::medium::gpu);
   }
   return static_cast<double>(idx.memory_bytes()) / static_cast<double>(idx.entries());
 }

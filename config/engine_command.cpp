@@ -2,7 +2,7 @@
 
 #include <boost/json.hpp>
 
-namespace llmgw::wire {
+namespace llmgw::config {
 
 namespace {
 
@@ -51,4 +51,4 @@ engine_launch make_engine_launch(const engine_launch_options& opts) {
   return launch;
 }
 
-} // namespace llmgw::wire
+} // namespace llmgw::config

@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-namespace llmgw::wire {
+namespace llmgw::config {
 
 struct engine_launch {
   std::vector<std::string> argv;                        ///< argv[0] is the program
@@ -39,4 +39,4 @@ engine_launch make_engine_launch(const engine_launch_options& opts);
 /// The JSON for --kv-events-config.
 std::string kv_events_config_json(const engine_launch_options& opts);
 
-} // namespace llmgw::wire
+} // namespace llmgw::config

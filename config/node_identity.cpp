@@ -16,7 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-namespace llmgw::wire {
+namespace llmgw::config {
 
 namespace {
 
@@ -395,4 +395,4 @@ bool same_mac(std::string_view a, std::string_view b) noexcept {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
-} // namespace llmgw::wire
+} // namespace llmgw::config

@@ -37,7 +37,7 @@
 #include <string_view>
 #include <vector>
 
-namespace llmgw::wire {
+namespace llmgw::config {
 
 /// `n` bytes from OpenSSL's CSPRNG (aborts if it has no entropy: a node
 /// cannot run safely without it).
@@ -160,4 +160,4 @@ std::string session_mac(std::string_view key, std::string_view data);
 /// Compares two MACs in constant time.
 bool same_mac(std::string_view a, std::string_view b) noexcept;
 
-} // namespace llmgw::wire
+} // namespace llmgw::config

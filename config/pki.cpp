@@ -19,7 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-namespace llmgw::wire {
+namespace llmgw::config {
 
 namespace {
 
@@ -227,4 +227,4 @@ std::string issue_node_certificate(const std::string& dir, const std::string& na
   return write_cert(files.cert, cert.get());
 }
 
-} // namespace llmgw::wire
+} // namespace llmgw::config

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace llmgw::wire {
+namespace llmgw::config {
 
 /// Files of one node.
 struct node_credentials {
@@ -38,4 +38,4 @@ std::string issue_node_certificate(const std::string& dir, const std::string& na
 /// The paths issue_node_certificate writes for `name`.
 node_credentials credentials_in(const std::string& dir, const std::string& name);
 
-} // namespace llmgw::wire
+} // namespace llmgw::config

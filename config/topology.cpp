@@ -18,7 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-namespace llmgw::wire {
+namespace llmgw::config {
 
 const node_spec* topology::find_node(const std::string& node_name) const {
   for (const auto& n : nodes)
@@ -819,4 +819,4 @@ topology_result load_topology(const std::string& path, const topology_options& o
   return parse_topology(text, path, opts);
 }
 
-} // namespace llmgw::wire
+} // namespace llmgw::config

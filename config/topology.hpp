@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-namespace llmgw::wire {
+namespace llmgw::config {
 
 /// One engine (one vLLM server, possibly with data-parallel ranks).
 struct engine_spec {
@@ -195,4 +195,4 @@ constexpr std::size_t max_topology_dots = 64;
 topology_result parse_topology(const std::string& text, const std::string& path,
                                const topology_options& opts = {});
 
-} // namespace llmgw::wire
+} // namespace llmgw::config

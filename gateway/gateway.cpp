@@ -36,7 +36,7 @@ http_reply error_reply(int status, const std::string& type, const std::string& m
 
 } // namespace
 
-gateway::gateway(caf::actor_system& sys, std::shared_ptr<const wire::topology> topo,
+gateway::gateway(caf::actor_system& sys, std::shared_ptr<const config::topology> topo,
                  const std::string& host, std::uint16_t port, control_plane plane,
                  const std::string& admin_host, std::uint16_t admin_port)
   : sys_(sys), topo_(std::move(topo)), plane_(std::move(plane)) {
@@ -191,7 +191,7 @@ bool gateway::handle_admin(const std::string& path, const http_request& req,
     append_http_counters(m, server_->counters(), {{"listener", "gateway"}});
     if (admin_)
       append_http_counters(m, admin_->counters(), {{"listener", "admin"}});
-    wire::append_node_port_metrics(m);
+    append_node_port_metrics(m);
     {
       std::lock_guard<std::mutex> g(extra_mtx_);
       if (extra_metrics_)
@@ -260,9 +260,9 @@ void gateway::handle(http_request&& req, http_responder respond) {
       respond(error_reply(400, "BadRequestError", parsed.err().message));
       return;
     }
-    route_request(sys_, plane_, topo_, *parsed, true, [respond](const wire::route_decision& d) {
+    route_request(sys_, plane_, topo_, *parsed, true, [respond](const routing::route_decision& d) {
       int status = d.replica.empty() ? 404 : 200;
-      respond(json_reply(status, wire::decision_json(d)));
+      respond(json_reply(status, routing::decision_json(d)));
     });
     return;
   }

@@ -1,7 +1,7 @@
 // The gateway: a control node's HTTP front (actors/http_server). It decides
 // on its own HTTP thread against the router's shared state
-// (wire::shared_router) and looks prompts up in the tokenizer's shared cache
-// (wire::token_cache): a request with token ids or a prompt seen before
+// (routing::shared_router) and looks prompts up in the tokenizer's shared cache
+// (routing::token_cache): a request with token ids or a prompt seen before
 // crosses no thread. It talks to the control and tokenizer actors without
 // blocking any of them: a one-shot actor asks and hands the answer to the
 // connection's responder.
@@ -43,9 +43,7 @@ class io_loop;
 struct proxy_stats;
 
 namespace wire {
-class shared_router;
 class metrics_text;
-class token_cache;
 } // namespace wire
 
 class gateway {
@@ -53,7 +51,7 @@ public:
   /// Listens on the control node's http address (port 0: any), and on its
   /// admin address when `admin_host` is not empty. On failure, error() says
   /// why and port() is 0.
-  gateway(caf::actor_system& sys, std::shared_ptr<const wire::topology> topo,
+  gateway(caf::actor_system& sys, std::shared_ptr<const config::topology> topo,
           const std::string& host, std::uint16_t port, control_plane plane,
           const std::string& admin_host = {}, std::uint16_t admin_port = 0);
   ~gateway();
@@ -78,7 +76,7 @@ private:
   std::shared_ptr<http_client> upstream_here() const;
 
   caf::actor_system& sys_;
-  std::shared_ptr<const wire::topology> topo_;
+  std::shared_ptr<const config::topology> topo_;
   control_plane plane_;
   std::string models_json_;
   std::shared_ptr<proxy_stats> stats_;

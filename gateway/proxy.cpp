@@ -116,10 +116,10 @@ private:
     auto self = shared_from_this();
     route_request(
       ctx_.sys, ctx_.plane, ctx_.topo, routing_, false,
-      [self](const wire::route_decision& d) { self->on_decision(d); }, tried_);
+      [self](const routing::route_decision& d) { self->on_decision(d); }, tried_);
   }
 
-  void on_decision(const wire::route_decision& d) {
+  void on_decision(const routing::route_decision& d) {
     if (d.replica.empty()) {
       if (!last_error_.empty())
         return finish_error(502, "BadGatewayError",
@@ -187,7 +187,7 @@ private:
         relay_headers_.emplace_back(k, v);
     }
     relay_headers_.emplace_back("x-llmgw-replica", decision_.replica);
-    relay_headers_.emplace_back("x-llmgw-tier", wire::to_string(decision_.tier));
+    relay_headers_.emplace_back("x-llmgw-tier", routing::to_string(decision_.tier));
     content_type_ = content_type;
     streaming_ = chunked || content_type.rfind("text/event-stream", 0) == 0;
     if (streaming_) {
@@ -241,8 +241,7 @@ private:
     }
     if (auto n = ctx_.stats->failure_log.admit(decision_.replica + "/" + reason))
       LLMGW_LOG(warning, "gateway", "replica {} failed a request ({}){}{}", decision_.replica,
-                log::printable(err), head_ ? ": the response is cut short" : "",
-                wire::burst_note(n));
+                log::printable(err), head_ ? ": the response is cut short" : "", burst_note(n));
     if (head_) {
       if (streaming_) {
         stream_->end();
@@ -307,7 +306,7 @@ private:
   std::chrono::steady_clock::time_point started_;
   std::mutex mtx_;
   std::vector<std::string> tried_;
-  wire::route_decision decision_;
+  routing::route_decision decision_;
   /// Held weakly: the call's handlers hold this request, and its pending
   /// operations hold the call; a strong reference back would be a cycle
   /// that outlives a loop stopped with the call in flight.

@@ -38,7 +38,7 @@ struct proxy_stats {
   std::uint64_t client_disconnects = 0;
   wire::histogram first_byte_seconds; ///< request in -> first upstream byte out
   wire::histogram total_seconds;      ///< request in -> response done
-  wire::burst_log failure_log;        ///< replica failures are logged once per burst
+  burst_log failure_log;              ///< replica failures are logged once per burst
 
   void append(wire::metrics_text& m) const;
 };
@@ -50,7 +50,7 @@ struct proxy_stats {
 struct proxy_context {
   caf::actor_system& sys;
   control_plane plane;
-  std::shared_ptr<const wire::topology> topo;
+  std::shared_ptr<const config::topology> topo;
   std::weak_ptr<http_client> upstream;
   std::shared_ptr<proxy_stats> stats;
 };

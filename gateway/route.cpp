@@ -17,7 +17,7 @@ namespace {
 
 /// A block hasher for this thread and the cluster's seed and block size:
 /// constructing one hashes the seed, which is not worth doing per request.
-wire::block_hasher& hasher_for(const wire::topology& topo) {
+wire::block_hasher& hasher_for(const config::topology& topo) {
   thread_local std::unique_ptr<wire::block_hasher> h;
   thread_local std::string seed;
   thread_local std::size_t block_size = 0;
@@ -29,7 +29,7 @@ wire::block_hasher& hasher_for(const wire::topology& topo) {
   return *h;
 }
 
-bool is_lora(const wire::topology& topo, const std::string& model) {
+bool is_lora(const config::topology& topo, const std::string& model) {
   for (const auto& n : topo.nodes)
     for (const auto& e : n.engines)
       for (const auto& l : e.lora)
@@ -40,10 +40,10 @@ bool is_lora(const wire::topology& topo, const std::string& model) {
 
 /// The router's query for a request: block keys hashed here (on the
 /// caller's thread, not the router's), tier-1 chunk hashes, timings.
-wire::route_query make_query(const wire::topology& topo, const wire::routing_request& req,
-                             bool dry_run, const std::vector<std::uint32_t>* tokens,
-                             double tokenize_seconds, const std::vector<std::string>& exclude) {
-  wire::route_query q;
+routing::route_query make_query(const config::topology& topo, const wire::routing_request& req,
+                                bool dry_run, const std::vector<std::uint32_t>* tokens,
+                                double tokenize_seconds, const std::vector<std::string>& exclude) {
+  routing::route_query q;
   q.model = req.model;
   q.dry_run = dry_run;
   q.exclude = exclude;
@@ -61,24 +61,24 @@ wire::route_query make_query(const wire::topology& topo, const wire::routing_req
     for (const auto& b : blocks)
       q.keys.push_back(b.key);
   }
-  q.chunks = wire::chunk_hashes(req.text, topo.router.tier1_chunk_bytes);
+  q.chunks = routing::chunk_hashes(req.text, topo.router.tier1_chunk_bytes);
   q.hash_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return q;
 }
 
 /// Decides and records on this thread against the shared router state (in
 /// one hold of its lock), then hands the decision on.
-void decide_here(const control_plane& plane, const wire::route_query& q,
-                 const std::function<void(const wire::route_decision&)>& done) {
+void decide_here(const control_plane& plane, const routing::route_query& q,
+                 const std::function<void(const routing::route_decision&)>& done) {
   done(plane.shared_router->decide_and_record(q));
 }
 
 } // namespace
 
 void route_request(caf::actor_system& sys, const control_plane& plane,
-                   const std::shared_ptr<const wire::topology>& topo,
+                   const std::shared_ptr<const config::topology>& topo,
                    const wire::routing_request& req, bool dry_run,
-                   std::function<void(const wire::route_decision&)> done,
+                   std::function<void(const routing::route_decision&)> done,
                    const std::vector<std::string>& exclude) {
   if (req.token_ids) {
     decide_here(plane, make_query(*topo, req, dry_run, &*req.token_ids, -1, exclude), done);

@@ -24,9 +24,9 @@ namespace llmgw {
 /// an error: tier 1 decides alone.
 /// The request and `exclude` are copied only when the tokenizer is asked.
 void route_request(caf::actor_system& sys, const control_plane& plane,
-                   const std::shared_ptr<const wire::topology>& topo,
+                   const std::shared_ptr<const config::topology>& topo,
                    const wire::routing_request& req, bool dry_run,
-                   std::function<void(const wire::route_decision&)> done,
+                   std::function<void(const routing::route_decision&)> done,
                    const std::vector<std::string>& exclude = {});
 
 } // namespace llmgw

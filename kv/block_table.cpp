@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-namespace llmgw::wire {
+namespace llmgw::kv {
 
 medium medium_of(std::string_view name) noexcept {
   if (name == "GPU")
@@ -59,25 +59,25 @@ block_table::block_table(std::optional<parity_config> parity) : parity_config_(s
     hasher_.emplace(parity_config_->seed, parity_config_->block_size);
 }
 
-apply_counts block_table::apply(const event_batch& batch) {
+apply_counts block_table::apply(const wire::event_batch& batch) {
   apply_counts counts;
   for (const auto& ev : batch.events) {
     auto where = medium_of(ev.medium_or_gpu());
     auto group = ev.group_idx.value_or(0);
     switch (ev.kind) {
-    case event_kind::block_stored:
+    case wire::event_kind::block_stored:
       check_parity(ev, counts);
       for (const auto& h : ev.block_hashes)
         store({h.key, where}, group);
       counts.stored += ev.block_hashes.size();
       break;
-    case event_kind::block_removed:
+    case wire::event_kind::block_removed:
       for (const auto& h : ev.block_hashes)
         if (!remove({h.key, where}, group))
           ++counts.ignored_removes;
       counts.removed += ev.block_hashes.size();
       break;
-    case event_kind::all_blocks_cleared:
+    case wire::event_kind::all_blocks_cleared:
       reset(reset_reason::clear);
       ++counts.clears;
       break;
@@ -192,7 +192,7 @@ void block_table::flag_mismatch(std::string message) {
   parity_message_ = std::move(message);
 }
 
-void block_table::check_parity(const kv_event& ev, apply_counts& counts) {
+void block_table::check_parity(const wire::kv_event& ev, apply_counts& counts) {
   if (!hasher_ || parity_ == parity_state::mismatch)
     return;
   if (medium_of(ev.medium_or_gpu()) != medium::gpu || ev.token_ids.empty())
@@ -210,7 +210,7 @@ void block_table::check_parity(const kv_event& ev, apply_counts& counts) {
   // vLLM publishes them since 2026-02. Without them a block cannot be checked.
   if (!ev.extra_keys || ev.extra_keys->size() != n || ev.token_ids.size() != n * bs)
     return;
-  digest parent = hasher_->root();
+  wire::digest parent = hasher_->root();
   if (ev.parent_block_hash) {
     const auto& p = *ev.parent_block_hash;
     if (p.digest_size == 32) {
@@ -227,12 +227,12 @@ void block_table::check_parity(const kv_event& ev, apply_counts& counts) {
     const auto& published = ev.block_hashes[i];
     bool same = published.digest_size == 32
                   ? std::equal(d.begin(), d.end(), published.digest.begin())
-                  : key_of(d) == published.key;
+                  : wire::key_of(d) == published.key;
     if (!same) {
       flag_mismatch(fmt::format(
         "block {} of a stored run hashes to {} here but the engine published {}: start the "
         "engine with --prefix-caching-hash-algo sha256_cbor and PYTHONHASHSEED={}",
-        i, key_of(d), published.key, parity_config_->seed));
+        i, wire::key_of(d), published.key, parity_config_->seed));
       counts.mismatch_found = true;
       return;
     }
@@ -244,4 +244,4 @@ void block_table::check_parity(const kv_event& ev, apply_counts& counts) {
     parity_ = parity_state::verified;
 }
 
-} // namespace llmgw::wire
+} // namespace llmgw::kv

@@ -31,7 +31,7 @@
 #include <unordered_map>
 #include <vector>
 
-namespace llmgw::wire {
+namespace llmgw::kv {
 
 /// Where a block lives. vLLM's storage tier names beyond GPU and CPU are
 /// folded into `storage`.
@@ -45,7 +45,7 @@ const char* to_string(medium m) noexcept;
 
 /// A block as subscribers see it.
 struct block_ref {
-  block_key key = 0;
+  wire::block_key key = 0;
   medium where = medium::gpu;
   bool operator==(const block_ref& other) const noexcept {
     return key == other.key && where == other.where;
@@ -119,7 +119,7 @@ public:
   explicit block_table(std::optional<parity_config> parity = std::nullopt);
 
   /// Applies a batch's events in order. A clear resets the table first.
-  apply_counts apply(const event_batch& batch);
+  apply_counts apply(const wire::event_batch& batch);
 
   /// Empties the table and bumps the epoch; parity starts over.
   void reset(reset_reason why);
@@ -152,7 +152,7 @@ public:
 
 private:
   struct group_key {
-    block_key key;
+    wire::block_key key;
     medium where;
     std::int64_t group;
     bool operator==(const group_key& o) const noexcept {
@@ -174,7 +174,7 @@ private:
   void store(const block_ref& ref, std::int64_t group);
   bool remove(const block_ref& ref, std::int64_t group);
   void presence_changed(const block_ref& ref, bool was);
-  void check_parity(const kv_event& ev, apply_counts& counts);
+  void check_parity(const wire::kv_event& ev, apply_counts& counts);
   void flag_mismatch(std::string message);
 
   std::unordered_map<group_key, std::uint32_t, group_key_hash> refs_;
@@ -183,10 +183,10 @@ private:
   std::uint64_t epoch_ = 0;
 
   std::optional<parity_config> parity_config_;
-  std::optional<block_hasher> hasher_;
-  std::unordered_map<block_key, digest> digests_; ///< checked GPU blocks' full digests
+  std::optional<wire::block_hasher> hasher_;
+  std::unordered_map<wire::block_key, wire::digest> digests_; ///< checked GPU blocks' full digests
   parity_state parity_ = parity_state::unknown;
   std::string parity_message_;
 };
 
-} // namespace llmgw::wire
+} // namespace llmgw::kv

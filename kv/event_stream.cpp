@@ -2,13 +2,13 @@
 
 #include <algorithm>
 
-namespace llmgw::wire {
+namespace llmgw::kv {
 
 event_stream::event_stream(config cfg) : cfg_(cfg) {}
 
 void event_stream::apply_payload(std::uint64_t seq, std::string_view payload,
                                  std::vector<stream_action>& out) {
-  auto batch = decode_batch(payload, cfg_.limits);
+  auto batch = wire::decode_batch(payload, cfg_.limits);
   stream_action action;
   action.seq = seq;
   if (!batch) {
@@ -49,7 +49,7 @@ std::vector<stream_action> event_stream::on_live(std::uint64_t seq, std::string_
   auto verdict = tracker_.observe(seq);
   if (replay_) {
     // While replaying, hold what arrives (a step back restarts everything).
-    if (verdict == seq_verdict::restart) {
+    if (verdict == wire::seq_verdict::restart) {
       counts_.lost_batches += replay_->until - replay_->next;
       replay_.reset();
       ++counts_.restarts;
@@ -69,15 +69,15 @@ std::vector<stream_action> event_stream::on_live(std::uint64_t seq, std::string_
     return out;
   }
   switch (verdict) {
-  case seq_verdict::first:
+  case wire::seq_verdict::first:
     if (seq > 0 && cfg_.replay_available) {
       start_replay(0, seq, payload, now, true, out); // learn what was stored before we came
       return out;
     }
     break;
-  case seq_verdict::next:
+  case wire::seq_verdict::next:
     break;
-  case seq_verdict::gap:
+  case wire::seq_verdict::gap:
     ++counts_.gaps;
     if (cfg_.replay_available) {
       start_replay(*expected, seq, payload, now, false, out);
@@ -90,7 +90,7 @@ std::vector<stream_action> event_stream::on_live(std::uint64_t seq, std::string_
       out.push_back(std::move(r));
     }
     break;
-  case seq_verdict::restart: {
+  case wire::seq_verdict::restart: {
     ++counts_.restarts;
     stream_action r;
     r.what = stream_action::kind::reset;
@@ -103,7 +103,8 @@ std::vector<stream_action> event_stream::on_live(std::uint64_t seq, std::string_
   return out;
 }
 
-std::vector<stream_action> event_stream::on_replay(const replay_reply& reply, clock::time_point) {
+std::vector<stream_action> event_stream::on_replay(const wire::replay_reply& reply,
+                                                   clock::time_point) {
   std::vector<stream_action> out;
   if (!replay_)
     return out; // a late reply after giving up: ignored
@@ -161,4 +162,4 @@ void event_stream::finish_replay(std::vector<stream_action>& out) {
   }
 }
 
-} // namespace llmgw::wire
+} // namespace llmgw::kv

@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-namespace llmgw::wire {
+namespace llmgw::kv {
 
 /// One thing the owner of a stream must do, in order.
 struct stream_action {
@@ -39,7 +39,7 @@ struct stream_action {
   };
   kind what = kind::apply;
   std::uint64_t seq = 0;
-  event_batch batch;
+  wire::event_batch batch;
   reset_reason reason = reset_reason::gap;
   std::optional<error> decode_failure; ///< set on the reset caused by a bad payload
 };
@@ -64,7 +64,7 @@ public:
     bool replay_available = false;
     std::chrono::milliseconds replay_timeout{2000};
     std::size_t max_held = 10000; ///< live messages held while a replay runs
-    decode_limits limits;
+    wire::decode_limits limits;
   };
 
   explicit event_stream(config cfg);
@@ -74,7 +74,7 @@ public:
                                      clock::time_point now);
 
   /// A reply from the replay endpoint arrived.
-  std::vector<stream_action> on_replay(const replay_reply& reply, clock::time_point now);
+  std::vector<stream_action> on_replay(const wire::replay_reply& reply, clock::time_point now);
 
   /// Time passed: gives up on a replay past its deadline.
   std::vector<stream_action> on_tick(clock::time_point now);
@@ -104,9 +104,9 @@ private:
   void finish_replay(std::vector<stream_action>& out);
 
   config cfg_;
-  seq_tracker tracker_;
+  wire::seq_tracker tracker_;
   std::optional<replay_state> replay_;
   stream_counts counts_;
 };
 
-} // namespace llmgw::wire
+} // namespace llmgw::kv

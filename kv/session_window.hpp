@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-namespace llmgw::wire {
+namespace llmgw::kv {
 
 /// Unacknowledged updates a forwarder allows by default.
 inline constexpr std::uint64_t default_window = 64;
@@ -50,4 +50,4 @@ private:
   std::uint64_t acked_ = 0;
 };
 
-} // namespace llmgw::wire
+} // namespace llmgw::kv

@@ -23,7 +23,7 @@
 #include <string_view>
 #include <vector>
 
-namespace llmgw::wire {
+namespace llmgw::kv {
 
 /// A mirror's running totals, sent with every update.
 template <class Inspector>
@@ -38,7 +38,7 @@ typename Inspector::result_type inspect(Inspector& f, block_ref& x) {
   return f(caf::meta::type_name("block_ref"), x.key, x.where);
 }
 
-} // namespace llmgw::wire
+} // namespace llmgw::kv
 
 namespace llmgw {
 
@@ -96,11 +96,11 @@ struct replica_update {
   std::uint64_t seq = 0;   ///< 1, 2, ... within the session
   std::uint64_t epoch = 0; ///< the mirror's epoch
   bool reset = false;      ///< drop what is held for the replica first
-  std::uint8_t parity = 0; ///< wire::parity_state as an integer
-  std::vector<wire::block_ref> added;
-  std::vector<wire::block_ref> removed;
-  wire::mirror_totals totals; ///< the mirror's counts so far
-  std::string mac;            ///< update_mac() under the session key
+  std::uint8_t parity = 0; ///< kv::parity_state as an integer
+  std::vector<kv::block_ref> added;
+  std::vector<kv::block_ref> removed;
+  kv::mirror_totals totals; ///< the mirror's counts so far
+  std::string mac;          ///< update_mac() under the session key
 };
 
 template <class Inspector>

@@ -36,6 +36,6 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmgw::batch_ptr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmgw::batch_list)
 // The gateway and its router share a process: queries and decisions are
 // passed as values, never serialized.
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmgw::wire::route_query)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmgw::wire::route_decision)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmgw::routing::route_query)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmgw::routing::route_decision)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmgw::tokenize_reply)

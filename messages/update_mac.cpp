@@ -19,7 +19,7 @@ void put(std::string& out, const std::string& s) {
   out += s;
 }
 
-void put(std::string& out, const std::vector<wire::block_ref>& blocks) {
+void put(std::string& out, const std::vector<kv::block_ref>& blocks) {
   put(out, blocks.size());
   for (const auto& b : blocks) {
     put(out, b.key);
@@ -47,7 +47,7 @@ std::string update_mac(std::string_view key, const replica_update& u) {
     put(bytes, v);
   for (auto v : t.resets)
     put(bytes, v);
-  return wire::session_mac(key, bytes);
+  return config::session_mac(key, bytes);
 }
 
 } // namespace llmgw

@@ -82,7 +82,7 @@ struct shared_state {
   std::mutex clients_mtx;
   std::unordered_map<std::string, std::size_t> clients;       ///< open connections per address
   std::unordered_map<std::string, std::size_t> client_bodies; ///< body bytes held per address
-  wire::burst_log refusal_log; ///< refusals are logged once per burst of a reason
+  burst_log refusal_log; ///< refusals are logged once per burst of a reason
 
   /// Counts a connection from `address`; false if that address is at its cap.
   bool admit(const std::string& address) {
@@ -269,8 +269,7 @@ public:
     if (auto n = srv_->refusal_log.admit(reason)) {
       beast::error_code ignored;
       auto peer = socket_.remote_endpoint(ignored).address().to_string();
-      LLMGW_LOG(warning, "http", "refused {} ({}): {}{}", peer, reason, detail,
-                wire::burst_note(n));
+      LLMGW_LOG(warning, "http", "refused {} ({}): {}{}", peer, reason, detail, burst_note(n));
     }
   }
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <utility>
 
-namespace llmgw::wire {
+namespace llmgw {
 
 node_port_limits& node_port_settings() {
   static node_port_limits limits;
@@ -20,7 +20,7 @@ node_port_counts& node_port_counters() {
   return counts;
 }
 
-void append_node_port_metrics(metrics_text& m) {
+void append_node_port_metrics(wire::metrics_text& m) {
   const auto& port = node_port_counters();
   for (auto [why, n] : {std::pair{"too_many_handshakes", port.handshakes_refused.load()},
                         {"handshake_timeout", port.handshakes_timed_out.load()},
@@ -38,14 +38,14 @@ void append_node_port_metrics(metrics_text& m) {
 std::string check_node_certificate(const node_port_limits& limits, std::string_view der) {
   if (limits.nodes.empty())
     return {};
-  auto name = certificate_cn(der);
+  auto name = config::certificate_cn(der);
   if (!name)
     return "the certificate names no node (no single subject CN)";
   auto it = limits.nodes.find(*name);
   if (it == limits.nodes.end())
     return "the certificate names '" + log::printable(*name) + "', no node of the topology";
   const auto& allowed = it->second;
-  auto fingerprint = fingerprint_of(der);
+  auto fingerprint = config::fingerprint_of(der);
   if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), fingerprint) == allowed.end())
     return "certificate " + fingerprint + " is not among node '" + *name + "''s fingerprints";
   return {};
@@ -120,4 +120,4 @@ bool basp_frame_guard::feed(const unsigned char* data, std::size_t n) {
   return why_ == verdict::ok;
 }
 
-} // namespace llmgw::wire
+} // namespace llmgw

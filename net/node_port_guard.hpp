@@ -33,7 +33,7 @@
 #include <string_view>
 #include <vector>
 
-namespace llmgw::wire {
+namespace llmgw {
 
 /// The limits; set before the actor system starts.
 struct node_port_limits {
@@ -71,10 +71,12 @@ node_port_limits& node_port_settings();
 /// The process's counts.
 node_port_counts& node_port_counters();
 
+namespace wire {
 class metrics_text;
+} // namespace wire
 
 /// The counts as Prometheus text (llmgw_node_port_*).
-void append_node_port_metrics(metrics_text& m);
+void append_node_port_metrics(wire::metrics_text& m);
 
 /// Why a TLS peer's certificate (DER) is not one `limits.nodes` allows, or
 /// "" (also when nodes is empty).
@@ -126,4 +128,4 @@ private:
   verdict why_ = verdict::ok;
 };
 
-} // namespace llmgw::wire
+} // namespace llmgw

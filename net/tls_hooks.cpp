@@ -35,7 +35,7 @@
 // 4. BASP messages. CAF sizes its read buffer from the payload length a
 //    header announces, and believes the node a routed, monitor or down
 //    message says it speaks for. SSL_read follows each connection's BASP
-//    framing (wire::basp_frame_guard) and fails the read of a header that
+//    framing (basp_frame_guard) and fails the read of a header that
 //    announces more than llmgw ever sends, of a routed message, and of a
 //    monitor or down message for another node than the connection's: CAF
 //    closes the connection before it allocates or believes it.
@@ -99,7 +99,7 @@ struct handshakes {
   }
 
   /// Publishes the number pending (mtx held).
-  void counted() { llmgw::wire::node_port_counters().pending_handshakes = pending.size(); }
+  void counted() { llmgw::node_port_counters().pending_handshakes = pending.size(); }
 };
 
 handshakes& accepted() {
@@ -128,10 +128,10 @@ std::string peer_of(int fd) {
 
 /// Logs what was refused, once per burst of its reason.
 void note(const char* reason, int fd, const std::string& detail) {
-  static auto* log = new llmgw::wire::burst_log;
+  static auto* log = new llmgw::burst_log;
   if (auto n = log->admit(reason))
     LLMGW_LOG(warning, "node port", "closed a connection from {} ({}): {}{}", peer_of(fd), reason,
-              detail, llmgw::wire::burst_note(n));
+              detail, llmgw::burst_note(n));
 }
 
 /// Closes, every quarter second, the sockets of handshakes pending too long.
@@ -139,7 +139,7 @@ void reap() {
   auto& h = accepted();
   for (;;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(250));
-    auto limit = llmgw::wire::node_port_settings().handshake_timeout;
+    auto limit = llmgw::node_port_settings().handshake_timeout;
     auto now = clock_type::now();
     std::lock_guard<std::mutex> g(h.mtx);
     std::vector<pending_handshake> expired;
@@ -148,7 +148,7 @@ void reap() {
         ++it;
         continue;
       }
-      ++llmgw::wire::node_port_counters().handshakes_timed_out;
+      ++llmgw::node_port_counters().handshakes_timed_out;
       expired.push_back(it->second);
       it = h.pending.erase(it);
     }
@@ -169,7 +169,7 @@ void reap() {
 int guard_index() {
   static int index = SSL_get_ex_new_index(0, nullptr, nullptr, nullptr,
                                           [](void*, void* ptr, CRYPTO_EX_DATA*, int, long, void*) {
-                                            delete static_cast<llmgw::wire::basp_frame_guard*>(ptr);
+                                            delete static_cast<llmgw::basp_frame_guard*>(ptr);
                                           });
   return index;
 }
@@ -184,11 +184,11 @@ int handshake_index() {
   return index;
 }
 
-llmgw::wire::basp_frame_guard& guard_of(SSL* ssl) {
-  auto* g = static_cast<llmgw::wire::basp_frame_guard*>(SSL_get_ex_data(ssl, guard_index()));
+llmgw::basp_frame_guard& guard_of(SSL* ssl) {
+  auto* g = static_cast<llmgw::basp_frame_guard*>(SSL_get_ex_data(ssl, guard_index()));
   if (!g) {
-    const auto& limits = llmgw::wire::node_port_settings();
-    g = new llmgw::wire::basp_frame_guard(limits.max_first_payload, limits.max_payload);
+    const auto& limits = llmgw::node_port_settings();
+    g = new llmgw::basp_frame_guard(limits.max_first_payload, limits.max_payload);
     SSL_set_ex_data(ssl, guard_index(), g);
   }
   return *g;
@@ -202,7 +202,7 @@ void cut(SSL* ssl) {
 }
 
 /// After a finished handshake: true if the peer's certificate is one of a
-/// topology node's (llmgw::wire::check_node_certificate); else the
+/// topology node's (llmgw::check_node_certificate); else the
 /// connection is cut, counted and logged.
 bool peer_allowed(SSL* ssl) {
   // Refused once, refused for good: CAF may call again (it can take the
@@ -210,7 +210,7 @@ bool peer_allowed(SSL* ssl) {
   static int refused_index = SSL_get_ex_new_index(0, nullptr, nullptr, nullptr, nullptr);
   if (SSL_get_ex_data(ssl, refused_index))
     return false;
-  const auto& limits = llmgw::wire::node_port_settings();
+  const auto& limits = llmgw::node_port_settings();
   if (limits.nodes.empty())
     return true;
   std::string der;
@@ -222,10 +222,10 @@ bool peer_allowed(SSL* ssl) {
     OPENSSL_free(buf);
   }
   auto why =
-    der.empty() ? std::string("no certificate") : llmgw::wire::check_node_certificate(limits, der);
+    der.empty() ? std::string("no certificate") : llmgw::check_node_certificate(limits, der);
   if (why.empty())
     return true;
-  ++llmgw::wire::node_port_counters().certificates_refused;
+  ++llmgw::node_port_counters().certificates_refused;
   note("certificate", SSL_get_fd(ssl), why);
   SSL_set_ex_data(ssl, refused_index, ssl);
   cut(ssl);
@@ -240,12 +240,12 @@ int SSL_read(SSL* ssl, void* buf, int num) {
   static auto real = real_function<int (*)(SSL*, void*, int)>("SSL_read");
   ERR_clear_error();
   int n = real(ssl, buf, num);
-  using verdict = llmgw::wire::basp_frame_guard::verdict;
+  using verdict = llmgw::basp_frame_guard::verdict;
   auto& g = guard_of(ssl);
   if (g.why() != verdict::ok) // refused before (and counted then)
     return -1;
   if (n > 0 && !g.feed(static_cast<const unsigned char*>(buf), static_cast<std::size_t>(n))) {
-    auto& counts = llmgw::wire::node_port_counters();
+    auto& counts = llmgw::node_port_counters();
     if (g.why() == verdict::too_large) {
       ++counts.payloads_refused;
       note("payload_too_large", SSL_get_fd(ssl),
@@ -282,12 +282,12 @@ int SSL_accept(SSL* ssl) {
   static auto real = real_function<int (*)(SSL*)>("SSL_accept");
   auto& h = accepted();
   if (!SSL_get_ex_data(ssl, handshake_index())) { // this connection's first call
-    const auto& limits = llmgw::wire::node_port_settings();
+    const auto& limits = llmgw::node_port_settings();
     std::call_once(h.reaper_started, [] { std::thread(reap).detach(); });
     int fd = SSL_get_fd(ssl);
     std::lock_guard<std::mutex> g(h.mtx);
     if (h.pending.size() >= limits.max_pending_handshakes) {
-      ++llmgw::wire::node_port_counters().handshakes_refused;
+      ++llmgw::node_port_counters().handshakes_refused;
       note("too_many_handshakes", fd,
            std::to_string(h.pending.size()) + " TLS handshakes are in progress");
       cut(ssl);

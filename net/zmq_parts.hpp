@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-namespace llmgw::wire {
+namespace llmgw {
 
 /// Views of every part; valid while `parts` lives.
 inline std::vector<std::string_view> views_of(const std::vector<zmq::message_t>& parts) {
@@ -28,4 +28,4 @@ inline bool receive_now(zmq::socket_t& socket, std::vector<zmq::message_t>& part
     .has_value();
 }
 
-} // namespace llmgw::wire
+} // namespace llmgw

@@ -4,14 +4,14 @@
 #include <cassert>
 #include <cstdlib>
 
-namespace llmgw::wire {
+namespace llmgw::routing {
 
 namespace {
 
 constexpr std::size_t initial_slots = 64;
 constexpr double max_load = 0.85;
 
-std::uint16_t make_entry(holder_id h, medium m) {
+std::uint16_t make_entry(holder_id h, kv::medium m) {
   return static_cast<std::uint16_t>((h << 2) | static_cast<std::uint16_t>(m));
 }
 
@@ -19,8 +19,8 @@ holder_id holder_of(std::uint16_t e) {
   return static_cast<holder_id>(e >> 2);
 }
 
-medium medium_of_entry(std::uint16_t e) {
-  return static_cast<medium>(e & 3);
+kv::medium medium_of_entry(std::uint16_t e) {
+  return static_cast<kv::medium>(e & 3);
 }
 
 } // namespace
@@ -30,7 +30,7 @@ block_index::block_index() : slots_(initial_slots) {
     s.count = 0;
 }
 
-std::size_t block_index::home(block_key key) const noexcept {
+std::size_t block_index::home(wire::block_key key) const noexcept {
   // The keys are digests already; mixing guards against crafted ones, and the
   // multiply-shift maps onto any table size (growth by 1.5).
   auto mixed = (key ^ (key >> 29)) * 0xbf58476d1ce4e5b9ull;
@@ -38,16 +38,16 @@ std::size_t block_index::home(block_key key) const noexcept {
   return static_cast<std::size_t>((static_cast<u128>(mixed) * slots_.size()) >> 64);
 }
 
-std::size_t block_index::distance(std::size_t pos, block_key key) const noexcept {
+std::size_t block_index::distance(std::size_t pos, wire::block_key key) const noexcept {
   auto h = home(key);
   return pos >= h ? pos - h : pos + slots_.size() - h;
 }
 
-block_index::slot* block_index::find(block_key key) {
+block_index::slot* block_index::find(wire::block_key key) {
   return const_cast<slot*>(static_cast<const block_index*>(this)->find(key));
 }
 
-const block_index::slot* block_index::find(block_key key) const {
+const block_index::slot* block_index::find(wire::block_key key) const {
   auto n = slots_.size();
   auto pos = home(key);
   for (std::size_t dist = 0;; ++dist) {
@@ -65,7 +65,7 @@ const block_index::slot* block_index::find(block_key key) const {
   }
 }
 
-block_index::slot& block_index::insert_key(block_key key) {
+block_index::slot& block_index::insert_key(wire::block_key key) {
   if (static_cast<double>(used_ + 1) > max_load * static_cast<double>(slots_.size()))
     grow();
   auto n = slots_.size();
@@ -205,7 +205,7 @@ void block_index::count_change(holder_id h, int delta) {
   entries_ = static_cast<std::size_t>(static_cast<std::int64_t>(entries_) + delta);
 }
 
-bool block_index::add(block_key key, holder_id h, medium m) {
+bool block_index::add(wire::block_key key, holder_id h, kv::medium m) {
   assert(h < max_holders);
   auto e = make_entry(h, m);
   auto* s = find(key);
@@ -217,7 +217,7 @@ bool block_index::add(block_key key, holder_id h, medium m) {
   return true;
 }
 
-bool block_index::remove(block_key key, holder_id h, medium m) {
+bool block_index::remove(wire::block_key key, holder_id h, kv::medium m) {
   auto* s = find(key);
   if (!s || !remove_entry(*s, make_entry(h, m)))
     return false;
@@ -227,7 +227,7 @@ bool block_index::remove(block_key key, holder_id h, medium m) {
   return true;
 }
 
-bool block_index::holds(block_key key, holder_id h, medium m) const {
+bool block_index::holds(wire::block_key key, holder_id h, kv::medium m) const {
   const auto* s = find(key);
   if (!s)
     return false;
@@ -247,7 +247,7 @@ void block_index::drop(holder_id h) {
     }
     bool removed = false;
     for (int m = 0; m < 3; ++m)
-      if (remove_entry(s, make_entry(h, static_cast<medium>(m)))) {
+      if (remove_entry(s, make_entry(h, static_cast<kv::medium>(m)))) {
         count_change(h, -1);
         removed = true;
       }
@@ -263,7 +263,7 @@ void block_index::drop(holder_id h) {
     drop(h);
 }
 
-void block_index::walk(const block_key* keys, std::size_t n,
+void block_index::walk(const wire::block_key* keys, std::size_t n,
                        const std::vector<holder_id>& candidates,
                        const std::array<double, 3>& weights, std::vector<walk_score>& out) {
   out.assign(candidates.size(), walk_score{});
@@ -312,8 +312,8 @@ void block_index::walk(const block_key* keys, std::size_t n,
   }
 }
 
-std::vector<block_ref> block_index::blocks_of(holder_id h) const {
-  std::vector<block_ref> out;
+std::vector<kv::block_ref> block_index::blocks_of(holder_id h) const {
+  std::vector<kv::block_ref> out;
   for (const auto& s : slots_) {
     if (s.count == 0)
       continue;
@@ -336,4 +336,4 @@ std::size_t block_index::memory_bytes() const noexcept {
   return bytes;
 }
 
-} // namespace llmgw::wire
+} // namespace llmgw::routing

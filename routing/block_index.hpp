@@ -20,7 +20,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace llmgw::wire {
+namespace llmgw::routing {
 
 /// A replica's data-parallel rank in the index; small and dense.
 using holder_id = std::uint16_t;
@@ -40,27 +40,28 @@ public:
   block_index();
 
   /// Records that `h` holds `key` on `m`; false if it was recorded already.
-  bool add(block_key key, holder_id h, medium m);
+  bool add(wire::block_key key, holder_id h, kv::medium m);
 
   /// Forgets that `h` holds `key` on `m`; false if it was not recorded.
-  bool remove(block_key key, holder_id h, medium m);
+  bool remove(wire::block_key key, holder_id h, kv::medium m);
 
   /// Forgets everything `h` holds: one pass over the table, skipped when the
   /// holder holds nothing.
   void drop(holder_id h);
 
   /// True when `h` holds `key` on `m`.
-  bool holds(block_key key, holder_id h, medium m) const;
+  bool holds(wire::block_key key, holder_id h, kv::medium m) const;
 
   /// Walks `keys` (a prompt's blocks, in order) for `candidates`, weighting a
   /// block by the best medium a candidate holds it on (`weights` by medium).
   /// `out` gets one score per candidate, in the candidates' order.
-  void walk(const block_key* keys, std::size_t count, const std::vector<holder_id>& candidates,
-            const std::array<double, 3>& weights, std::vector<walk_score>& out);
+  void walk(const wire::block_key* keys, std::size_t count,
+            const std::vector<holder_id>& candidates, const std::array<double, 3>& weights,
+            std::vector<walk_score>& out);
 
   /// Blocks (key, medium) held by `h`, sorted: for tests and diagnostics
   /// (one pass over the table).
-  std::vector<block_ref> blocks_of(holder_id h) const;
+  std::vector<kv::block_ref> blocks_of(holder_id h) const;
 
   /// (block, holder, medium) entries recorded for `h`.
   std::size_t count(holder_id h) const { return h < counts_.size() ? counts_[h] : 0; }
@@ -76,7 +77,7 @@ public:
 
 private:
   struct slot {
-    block_key key;
+    wire::block_key key;
     std::uint16_t count; ///< 0: empty
     std::uint16_t inline_entries[3];
   };
@@ -84,11 +85,11 @@ private:
 
   using entry = std::uint16_t; ///< holder << 2 | medium
 
-  std::size_t home(block_key key) const noexcept;
-  std::size_t distance(std::size_t pos, block_key key) const noexcept;
-  slot* find(block_key key);
-  const slot* find(block_key key) const;
-  slot& insert_key(block_key key);
+  std::size_t home(wire::block_key key) const noexcept;
+  std::size_t distance(std::size_t pos, wire::block_key key) const noexcept;
+  slot* find(wire::block_key key);
+  const slot* find(wire::block_key key) const;
+  slot& insert_key(wire::block_key key);
   void erase_at(std::size_t pos);
   void grow();
   std::uint32_t pool_index(const slot& s) const noexcept;
@@ -114,4 +115,4 @@ private:
   std::vector<std::uint32_t> alive_;
 };
 
-} // namespace llmgw::wire
+} // namespace llmgw::routing

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-namespace llmgw::wire {
+namespace llmgw::routing {
 
 std::vector<std::uint64_t> chunk_hashes(std::string_view text, std::size_t chunk_bytes) {
   std::vector<std::uint64_t> out;
@@ -154,4 +154,4 @@ void prefix_tree::walk(const std::vector<std::uint64_t>& chunks,
   }
 }
 
-} // namespace llmgw::wire
+} // namespace llmgw::routing

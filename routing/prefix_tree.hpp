@@ -21,7 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
-namespace llmgw::wire {
+namespace llmgw::routing {
 
 /// A replica's number in the tier-1 tree.
 using tree_replica = std::uint16_t;
@@ -90,4 +90,4 @@ private:
   mutable std::vector<std::uint32_t> alive_;
 };
 
-} // namespace llmgw::wire
+} // namespace llmgw::routing

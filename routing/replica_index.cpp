@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <stdexcept>
 
-namespace llmgw::wire {
+namespace llmgw::routing {
 
-std::uint64_t fingerprint_of(const block_ref& b) noexcept {
+std::uint64_t fingerprint_of(const kv::block_ref& b) noexcept {
   // splitmix64 of the key and medium: sums of these collide only by chance.
   auto x = b.key ^ (static_cast<std::uint64_t>(b.where) + 1) * 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -13,7 +13,7 @@ std::uint64_t fingerprint_of(const block_ref& b) noexcept {
   return x ^ (x >> 31);
 }
 
-std::uint64_t fingerprint_of(const std::vector<block_ref>& blocks) noexcept {
+std::uint64_t fingerprint_of(const std::vector<kv::block_ref>& blocks) noexcept {
   std::uint64_t sum = 0;
   for (const auto& b : blocks)
     sum += fingerprint_of(b);
@@ -84,7 +84,7 @@ void replica_index::drop_replica(std::string_view replica) {
     index_.drop(h);
     holders_[h].fingerprint = 0;
     holders_[h].has_state = false;
-    holders_[h].parity = parity_state::unknown;
+    holders_[h].parity = kv::parity_state::unknown;
   }
 }
 
@@ -100,7 +100,7 @@ std::vector<holder_id> replica_index::holders_of(std::string_view replica) const
 
 bool replica_index::trusted(holder_id h) const {
   const auto& info = holders_[h];
-  return info.has_state && info.parity != parity_state::mismatch;
+  return info.has_state && info.parity != kv::parity_state::mismatch;
 }
 
 void replica_index::trusted_holders(std::string_view replica, std::vector<holder_id>& out) const {
@@ -112,4 +112,4 @@ void replica_index::trusted_holders(std::string_view replica, std::vector<holder
       out.push_back(h);
 }
 
-} // namespace llmgw::wire
+} // namespace llmgw::routing

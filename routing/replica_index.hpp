@@ -24,7 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
-namespace llmgw::wire {
+namespace llmgw::routing {
 
 /// One replica's net change, as an agent sends it.
 struct kv_change {
@@ -32,9 +32,9 @@ struct kv_change {
   std::uint32_t dp_rank = 0;
   std::uint64_t epoch = 0;
   bool reset = false;
-  parity_state parity = parity_state::unknown;
-  const std::vector<block_ref>* added = nullptr;
-  const std::vector<block_ref>* removed = nullptr;
+  kv::parity_state parity = kv::parity_state::unknown;
+  const std::vector<kv::block_ref>* added = nullptr;
+  const std::vector<kv::block_ref>* removed = nullptr;
 };
 
 /// What applying a change did.
@@ -46,7 +46,7 @@ struct holder_info {
   std::uint32_t dp_rank = 0;
   bool has_state = false; ///< a full copy arrived and was not dropped since
   std::uint64_t epoch = 0;
-  parity_state parity = parity_state::unknown;
+  kv::parity_state parity = kv::parity_state::unknown;
   std::chrono::steady_clock::time_point last_update{};
   std::uint64_t updates = 0; ///< changes applied
   std::uint64_t resets = 0;  ///< full copies and epoch resets applied
@@ -57,10 +57,10 @@ struct holder_info {
 };
 
 /// One block's contribution to a fingerprint.
-std::uint64_t fingerprint_of(const block_ref& b) noexcept;
+std::uint64_t fingerprint_of(const kv::block_ref& b) noexcept;
 
 /// The fingerprint of a set of blocks (what a mirror holds, say).
-std::uint64_t fingerprint_of(const std::vector<block_ref>& blocks) noexcept;
+std::uint64_t fingerprint_of(const std::vector<kv::block_ref>& blocks) noexcept;
 
 class replica_index {
 public:
@@ -99,4 +99,4 @@ private:
   std::unordered_map<std::string, std::vector<holder_id>> by_replica_;
 };
 
-} // namespace llmgw::wire
+} // namespace llmgw::routing

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-namespace llmgw::wire {
+namespace llmgw::routing {
 
 const char* to_string(route_tier t) noexcept {
   switch (t) {
@@ -26,7 +26,7 @@ bool serves_model(const router_core::replica_entry& r, const std::string& model)
 
 } // namespace
 
-router_core::router_core(const topology& topo)
+router_core::router_core(const config::topology& topo)
   : settings_(topo.router), block_size_(topo.block_size),
     tree_(topo.router.tier1_capacity, topo.router.tier1_ttl) {
   for (const auto& n : topo.nodes)
@@ -207,4 +207,4 @@ route_decision router_core::decide(const route_query& q,
   return d;
 }
 
-} // namespace llmgw::wire
+} // namespace llmgw::routing

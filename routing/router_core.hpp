@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-namespace llmgw::wire {
+namespace llmgw::routing {
 
 /// Why a replica was chosen; a metric label.
 enum class route_tier : std::uint8_t { kv, approx, load, none };
@@ -39,7 +39,7 @@ const char* to_string(route_tier t) noexcept;
 struct route_query {
   std::string model;                 ///< the request's "model": a served model or LoRA adapter
   bool tokenized = false;            ///< false: tokenization failed or was not tried
-  std::vector<block_key> keys;       ///< the prompt's block keys (full blocks), if tokenized
+  std::vector<wire::block_key> keys; ///< the prompt's block keys (full blocks), if tokenized
   std::vector<std::uint64_t> chunks; ///< tier-1 chunk hashes of the prompt text
   std::vector<std::string> exclude;  ///< replicas already tried for this request
   bool dry_run = false; ///< /v1/route: decide, but do not count load or remember the prompt
@@ -84,7 +84,7 @@ struct router_counters {
 
 class router_core {
 public:
-  explicit router_core(const topology& topo);
+  explicit router_core(const config::topology& topo);
 
   /// Decides for one request. Unless dry_run, counts the request as
   /// outstanding on the chosen replica. Call remember() afterwards (after
@@ -126,14 +126,14 @@ public:
   const std::vector<replica_entry>& replicas() const noexcept { return replicas_; }
 
   const router_counters& counters() const noexcept { return counters_; }
-  const router_settings& settings() const noexcept { return settings_; }
+  const config::router_settings& settings() const noexcept { return settings_; }
   std::size_t block_size() const noexcept { return block_size_; }
 
 private:
   /// Keeps replica_holders_ in step with the holders the index has seen.
   void refresh_holders();
 
-  router_settings settings_;
+  config::router_settings settings_;
   std::size_t block_size_;
   std::vector<replica_entry> replicas_;
   replica_index kv_;
@@ -153,4 +153,4 @@ private:
   std::vector<std::uint32_t> matched_;
 };
 
-} // namespace llmgw::wire
+} // namespace llmgw::routing

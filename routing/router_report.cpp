@@ -3,7 +3,7 @@
 #include <boost/json.hpp>
 #include <fmt/format.h>
 
-namespace llmgw::wire {
+namespace llmgw::routing {
 
 namespace json = boost::json;
 
@@ -58,7 +58,7 @@ std::string kv_replicas_json(const router_core& core, const router_stats& stats,
       x["has_state"] = info.has_state;
       x["trusted"] = kv.trusted(h);
       x["parity"] = to_string(info.parity);
-      x["hash_mismatch"] = info.parity == parity_state::mismatch;
+      x["hash_mismatch"] = info.parity == kv::parity_state::mismatch;
       x["updates"] = info.updates;
       x["resets"] = info.resets;
       x["fingerprint"] = fmt::format("{:016x}", info.fingerprint);
@@ -74,7 +74,7 @@ std::string kv_replicas_json(const router_core& core, const router_stats& stats,
         a["removed"] = t.removed;
         a["verified_blocks"] = t.verified_blocks;
         for (int reason = 0; reason < 5; ++reason)
-          resets[to_string(static_cast<reset_reason>(reason))] = t.resets[reason];
+          resets[to_string(static_cast<kv::reset_reason>(reason))] = t.resets[reason];
         a["resets"] = std::move(resets);
         x["agent"] = std::move(a);
       }
@@ -128,8 +128,8 @@ std::string decision_json(const route_decision& d) {
   return json::serialize(o);
 }
 
-void append_router_metrics(metrics_text& m, const router_core& core, const router_stats& stats,
-                           std::chrono::steady_clock::time_point now) {
+void append_router_metrics(wire::metrics_text& m, const router_core& core,
+                           const router_stats& stats, std::chrono::steady_clock::time_point now) {
   const auto& c = core.counters();
   for (auto t : {route_tier::kv, route_tier::approx, route_tier::load})
     m.counter("llmgw_prefix_decisions_total",
@@ -168,14 +168,14 @@ void append_router_metrics(metrics_text& m, const router_core& core, const route
             {{"replica", r.name}});
     for (auto h : kv.holders_of(r.name)) {
       const auto& info = kv.info(h);
-      metric_labels labels{{"replica", r.name}, {"dp_rank", std::to_string(info.dp_rank)}};
+      wire::metric_labels labels{{"replica", r.name}, {"dp_rank", std::to_string(info.dp_rank)}};
       m.gauge("llmgw_kv_blocks", "Blocks the index holds per replica rank.",
               static_cast<double>(kv.blocks().count(h)), labels);
       m.gauge("llmgw_kv_trusted", "1 when the replica rank's KV state is routed on.",
               kv.trusted(h) ? 1 : 0, labels);
       m.gauge("llmgw_kv_hash_mismatch",
               "1 when the engine's block hashes differ from llmgw's (fix its seed and hash algo).",
-              info.parity == parity_state::mismatch ? 1 : 0, labels);
+              info.parity == kv::parity_state::mismatch ? 1 : 0, labels);
       m.counter("llmgw_kv_updates_total", "Agent changes applied per replica rank.",
                 static_cast<double>(info.updates), labels);
       if (info.updates > 0)
@@ -203,7 +203,7 @@ void append_router_metrics(metrics_text& m, const router_core& core, const route
                     "KV state resets by reason: the agent's (gap, restart, clear, engine_exit, "
                     "decode_error) and the router's (session, node_down).",
                     static_cast<double>(t.resets[reason]),
-                    with("reason", to_string(static_cast<reset_reason>(reason))));
+                    with("reason", to_string(static_cast<kv::reset_reason>(reason))));
       }
     }
     for (auto why : {drop_reason::session, drop_reason::node_down}) {
@@ -221,4 +221,4 @@ void append_router_metrics(metrics_text& m, const router_core& core, const route
   }
 }
 
-} // namespace llmgw::wire
+} // namespace llmgw::routing

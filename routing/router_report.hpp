@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-namespace llmgw::wire {
+namespace llmgw::routing {
 
 /// Why the router dropped a replica's KV state (besides the agent's own
 /// resets, which arrive in mirror_totals).
@@ -25,16 +25,16 @@ const char* to_string(drop_reason r) noexcept;
 struct router_stats {
   router_stats();
 
-  std::vector<mirror_totals> totals; ///< the agents' latest totals, by holder id
+  std::vector<kv::mirror_totals> totals; ///< the agents' latest totals, by holder id
   std::map<std::pair<std::string, drop_reason>, std::uint64_t> drops; ///< (replica, why)
   std::map<std::string, std::uint64_t> mismatches; ///< times a replica turned "hash mismatch"
   std::uint64_t stale_updates = 0;                 ///< changes from an older epoch, ignored
   std::uint64_t unexpected_updates = 0;            ///< changes before a full copy, ignored
   std::uint64_t tokenize_failures = 0;
-  histogram tokenize_seconds;
-  histogram decision_seconds; ///< hashing the prompt plus deciding
-  histogram matched_share_kv;
-  histogram matched_share_approx;
+  wire::histogram tokenize_seconds;
+  wire::histogram decision_seconds; ///< hashing the prompt plus deciding
+  wire::histogram matched_share_kv;
+  wire::histogram matched_share_approx;
 };
 
 /// /v1/kv/replicas: every configured replica with, per data-parallel rank the
@@ -47,7 +47,7 @@ std::string kv_replicas_json(const router_core& core, const router_stats& stats,
 std::string decision_json(const route_decision& d);
 
 /// Appends the router's metrics.
-void append_router_metrics(metrics_text& out, const router_core& core, const router_stats& stats,
-                           std::chrono::steady_clock::time_point now);
+void append_router_metrics(wire::metrics_text& out, const router_core& core,
+                           const router_stats& stats, std::chrono::steady_clock::time_point now);
 
-} // namespace llmgw::wire
+} // namespace llmgw::routing

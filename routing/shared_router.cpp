@@ -1,8 +1,8 @@
 #include "routing/shared_router.hpp"
 
-namespace llmgw::wire {
+namespace llmgw::routing {
 
-shared_router::shared_router(const topology& topo) : core_(topo) {}
+shared_router::shared_router(const config::topology& topo) : core_(topo) {}
 
 route_decision shared_router::decide(const route_query& q) {
   std::lock_guard<std::mutex> g(mtx_);
@@ -54,14 +54,14 @@ void shared_router::mark_down(const std::string& replica, std::chrono::milliseco
   core_.mark_down(replica, std::chrono::steady_clock::now() + how_long);
 }
 
-void shared_router::append_metrics(metrics_text& out) {
+void shared_router::append_metrics(wire::metrics_text& out) {
   std::lock_guard<std::mutex> g(mtx_);
   append_router_metrics(out, core_, stats_, std::chrono::steady_clock::now());
 }
 
 std::string shared_router::kv_replicas_json() {
   std::lock_guard<std::mutex> g(mtx_);
-  return wire::kv_replicas_json(core_, stats_, std::chrono::steady_clock::now());
+  return routing::kv_replicas_json(core_, stats_, std::chrono::steady_clock::now());
 }
 
-} // namespace llmgw::wire
+} // namespace llmgw::routing

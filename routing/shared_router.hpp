@@ -13,11 +13,11 @@
 #include <mutex>
 #include <string>
 
-namespace llmgw::wire {
+namespace llmgw::routing {
 
 class shared_router {
 public:
-  explicit shared_router(const topology& topo);
+  explicit shared_router(const config::topology& topo);
 
   /// The decision for `q` (the chosen replica counts one more request
   /// outstanding). Call record() afterwards, once the request is on its way.
@@ -38,7 +38,7 @@ public:
   void mark_down(const std::string& replica, std::chrono::milliseconds how_long);
 
   /// Appends the router's metrics (append_router_metrics), holding the lock.
-  void append_metrics(metrics_text& out);
+  void append_metrics(wire::metrics_text& out);
 
   /// /v1/kv/replicas (kv_replicas_json), holding the lock.
   std::string kv_replicas_json();
@@ -59,4 +59,4 @@ private:
   router_stats stats_;
 };
 
-} // namespace llmgw::wire
+} // namespace llmgw::routing

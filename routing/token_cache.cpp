@@ -2,7 +2,7 @@
 
 #include <xxhash.h>
 
-namespace llmgw::wire {
+namespace llmgw::routing {
 
 namespace {
 
@@ -92,4 +92,4 @@ token_cache::counts token_cache::stats() const {
   return {hits_, misses_, lru_.size(), bytes_};
 }
 
-} // namespace llmgw::wire
+} // namespace llmgw::routing

@@ -20,7 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
-namespace llmgw::wire {
+namespace llmgw::routing {
 
 class token_cache {
 public:
@@ -84,4 +84,4 @@ private:
   std::uint64_t misses_ = 0;
 };
 
-} // namespace llmgw::wire
+} // namespace llmgw::routing

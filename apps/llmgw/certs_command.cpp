@@ -39,7 +39,7 @@ void add_certs_command(CLI::App& app, int& exit_code) {
     ->check(CLI::Range(1, 36500))
     ->capture_default_str();
   cmd->callback([opts, &exit_code] {
-    if (auto err = wire::ensure_ca(opts->out, opts->ca_days); !err.empty()) {
+    if (auto err = config::ensure_ca(opts->out, opts->ca_days); !err.empty()) {
       fmt::print(stderr, "llmgw certs: {}\n", err);
       exit_code = 1;
       return;
@@ -47,14 +47,14 @@ void add_certs_command(CLI::App& app, int& exit_code) {
     std::vector<std::string> hosts{"localhost", "127.0.0.1"};
     hosts.insert(hosts.end(), opts->hosts.begin(), opts->hosts.end());
     for (const auto& name : opts->names) {
-      if (auto err = wire::issue_node_certificate(opts->out, name, hosts, opts->days);
+      if (auto err = config::issue_node_certificate(opts->out, name, hosts, opts->days);
           !err.empty()) {
         fmt::print(stderr, "llmgw certs: {}: {}\n", name, err);
         exit_code = 1;
         return;
       }
-      auto files = wire::credentials_in(opts->out, name);
-      auto id = wire::node_identity::load(name, files.cert, files.key, opts->out + "/ca.pem");
+      auto files = config::credentials_in(opts->out, name);
+      auto id = config::node_identity::load(name, files.cert, files.key, opts->out + "/ca.pem");
       if (!id) {
         fmt::print(stderr, "llmgw certs: {}: {}\n", name, id.err().message);
         exit_code = 1;
@@ -66,7 +66,7 @@ void add_certs_command(CLI::App& app, int& exit_code) {
     fmt::print("[tls] ca = \"{}/ca.pem\"\n", opts->out);
     fmt::print("The CA's key is {}: no node needs it. Keep it offline (it signs any node's "
                "certificate) and bring it back only to add or replace nodes.\n",
-               wire::ca_key_path(opts->out));
+               config::ca_key_path(opts->out));
   });
 }
 

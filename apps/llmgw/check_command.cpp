@@ -11,7 +11,7 @@ namespace llmgw::apps {
 
 namespace {
 
-std::string roles_of(const wire::node_spec& n) {
+std::string roles_of(const config::node_spec& n) {
   if (n.roles.agent && n.roles.control)
     return "agent+control";
   return n.roles.agent ? "agent" : "control";
@@ -19,9 +19,9 @@ std::string roles_of(const wire::node_spec& n) {
 
 } // namespace
 
-bool load_or_report(const std::string& path, wire::topology& out, const char* command,
-                    const wire::topology_options& opts) {
-  auto loaded = wire::load_topology(path, opts);
+bool load_or_report(const std::string& path, config::topology& out, const char* command,
+                    const config::topology_options& opts) {
+  auto loaded = config::load_topology(path, opts);
   if (!loaded.value) {
     fmt::print(stderr, "llmgw {}: {} has {} problem{}:\n", command, path, loaded.problems.size(),
                loaded.problems.size() == 1 ? "" : "s");
@@ -38,7 +38,7 @@ void add_check_command(CLI::App& app, int& exit_code) {
   auto path = std::make_shared<std::string>();
   cmd->add_option("--config", *path, "the topology (TOML)")->required();
   cmd->callback([path, &exit_code] {
-    wire::topology topo;
+    config::topology topo;
     if (!load_or_report(*path, topo, "check")) {
       exit_code = 2;
       return;

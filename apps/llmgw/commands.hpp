@@ -32,7 +32,7 @@ void add_events_command(CLI::App& app, int& exit_code);
 
 /// Loads a topology (checking the TLS files `opts` asks for); on problems
 /// prints them all (prefixed "llmgw COMMAND") and returns false.
-bool load_or_report(const std::string& path, wire::topology& out, const char* command,
-                    const wire::topology_options& opts = {});
+bool load_or_report(const std::string& path, config::topology& out, const char* command,
+                    const config::topology_options& opts = {});
 
 } // namespace llmgw::apps

@@ -53,7 +53,7 @@ void print_batch(std::uint64_t seq, std::string_view payload, bool replayed) {
     boost::json::object obj;
     obj["seq"] = seq;
     obj["type"] = "decode_error";
-    obj["error"] = wire::to_string(batch.err().code);
+    obj["error"] = to_string(batch.err().code);
     obj["message"] = batch.err().message;
     print_line(boost::json::serialize(obj));
     return;
@@ -84,9 +84,9 @@ std::uint64_t fill_by_replay(zmq::context_t& ctx, const events_options& opts, st
     zmq::pollitem_t item{dealer.handle(), 0, ZMQ_POLLIN, 0};
     if (zmq::poll(&item, 1, std::chrono::milliseconds(opts.replay_timeout_ms)) == 0)
       break; // replay endpoint silent: give up on the rest
-    if (!wire::receive_now(dealer, parts))
+    if (!receive_now(dealer, parts))
       continue;
-    auto reply = wire::split_replay_reply(wire::views_of(parts));
+    auto reply = wire::split_replay_reply(views_of(parts));
     if (!reply) {
       fmt::print(stderr, "llmgw events: replay: {}\n", reply.err().message);
       break;
@@ -145,8 +145,8 @@ int run_events(events_options opts) {
         continue;
       throw;
     }
-    while (wire::receive_now(sub, parts)) {
-      auto msg = wire::split_live_message(wire::views_of(parts));
+    while (receive_now(sub, parts)) {
+      auto msg = wire::split_live_message(views_of(parts));
       if (!msg) {
         fmt::print(stderr, "llmgw events: {}\n", msg.err().message);
         continue;

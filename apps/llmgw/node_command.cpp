@@ -42,7 +42,7 @@ namespace llmgw::apps {
 namespace {
 
 struct node_config : caf::actor_system_config {
-  node_config(const wire::topology& topo, const wire::node_spec& node, std::size_t threads) {
+  node_config(const config::topology& topo, const config::node_spec& node, std::size_t threads) {
     load<caf::io::middleman>();
     if (!topo.plaintext) {
       load<caf::openssl::manager>();
@@ -69,8 +69,8 @@ struct node_config : caf::actor_system_config {
   }
 };
 
-int run_node(const wire::topology& topo_in, const std::string& name, std::size_t threads) {
-  auto topo = std::make_shared<const wire::topology>(topo_in);
+int run_node(const config::topology& topo_in, const std::string& name, std::size_t threads) {
+  auto topo = std::make_shared<const config::topology>(topo_in);
   const auto* node = topo->find_node(name);
   if (!node) {
     std::string names;
@@ -83,13 +83,13 @@ int run_node(const wire::topology& topo_in, const std::string& name, std::size_t
   auto signals = block_stop_signals();
 
   auto who = "node " + name;
-  std::shared_ptr<const wire::node_identity> identity;
+  std::shared_ptr<const config::node_identity> identity;
   if (topo->plaintext) {
     LLMGW_LOG(warning, who, "[tls] plaintext = true: nodes talk unencrypted (loopback only)");
   } else {
     // The name this node proves in every session (checked by load_topology
     // already; the files are read again here, once).
-    auto loaded = wire::node_identity::load(name, node->cert, node->key, topo->ca);
+    auto loaded = config::node_identity::load(name, node->cert, node->key, topo->ca);
     if (!loaded) {
       fmt::print(stderr, "llmgw node: {}\n", loaded.err().message);
       return 2;
@@ -98,7 +98,7 @@ int run_node(const wire::topology& topo_in, const std::string& name, std::size_t
   }
   // Read by llmgw's TLS hooks below CAF (actors/tls_hooks.cpp) from the
   // first connection on.
-  auto& port_limits = wire::node_port_settings();
+  auto& port_limits = node_port_settings();
   port_limits.handshake_timeout = topo->tls_handshake_timeout;
   port_limits.max_pending_handshakes = topo->max_pending_handshakes;
   if (!topo->plaintext) // TLS peers: only the topology's nodes, with their certificates
@@ -175,7 +175,7 @@ int run_node(const wire::topology& topo_in, const std::string& name, std::size_t
                                       {}});
           wire::metrics_text m;
           append_agent_metrics(m, handles);
-          wire::append_node_port_metrics(m);
+          append_node_port_metrics(m);
           respond(http_reply{200, "text/plain; version=0.0.4", m.str(), {}});
         });
       if (agent_admin->port() == 0) {
@@ -222,8 +222,8 @@ void add_node_command(CLI::App& app, int& exit_code) {
   cmd->callback([opts, &exit_code] {
     if (opts->debug)
       log::threshold = static_cast<int>(log::level::debug);
-    wire::topology topo;
-    wire::topology_options only_mine; // this host has this node's key, no other
+    config::topology topo;
+    config::topology_options only_mine; // this host has this node's key, no other
     only_mine.tls_files_of = opts->node;
     if (!load_or_report(opts->config, topo, "node", only_mine)) {
       exit_code = 2;

@@ -52,7 +52,7 @@ bool is_loopback(const std::string& host) {
 
 /// Makes the certificates the topology names, if they do not exist yet and
 /// follow the layout `llmgw certs` writes (DIR/ca.pem, DIR/NODE.pem/.key).
-bool ensure_certificates(const wire::topology& t, std::string& error) {
+bool ensure_certificates(const config::topology& t, std::string& error) {
   if (t.plaintext || t.ca.empty())
     return true;
   auto dir = fs::path(t.ca).parent_path().string();
@@ -66,7 +66,7 @@ bool ensure_certificates(const wire::topology& t, std::string& error) {
     return false;
   }
   for (const auto& n : t.nodes) {
-    auto want = wire::credentials_in(dir, n.name);
+    auto want = config::credentials_in(dir, n.name);
     if (fs::path(n.cert) != fs::path(want.cert) || fs::path(n.key) != fs::path(want.key)) {
       error = fmt::format("node '{}': cert/key must be {}/{}.pem and .key for llmgw up to make "
                           "them (or make them with llmgw certs)",
@@ -75,13 +75,13 @@ bool ensure_certificates(const wire::topology& t, std::string& error) {
     }
   }
   fmt::print("llmgw up: making a private CA and node certificates in {}\n", dir);
-  if (auto e = wire::ensure_ca(dir); !e.empty()) {
+  if (auto e = config::ensure_ca(dir); !e.empty()) {
     error = e;
     return false;
   }
   for (const auto& n : t.nodes)
     if (!fs::exists(n.cert) || !fs::exists(n.key))
-      if (auto e = wire::issue_node_certificate(dir, n.name, {n.host}); !e.empty()) {
+      if (auto e = config::issue_node_certificate(dir, n.name, {n.host}); !e.empty()) {
         error = e;
         return false;
       }
@@ -219,7 +219,7 @@ struct up_options {
 };
 
 int run_up(const up_options& o) {
-  auto lenient = wire::load_topology(o.config, wire::topology_options{false, {}});
+  auto lenient = config::load_topology(o.config, config::topology_options{false, {}});
   if (!lenient.value) {
     fmt::print(stderr, "llmgw up: {} has problems:\n", o.config);
     for (const auto& p : lenient.problems)
@@ -239,7 +239,7 @@ int run_up(const up_options& o) {
     fmt::print(stderr, "llmgw up: {}\n", error);
     return 2;
   }
-  wire::topology topo;
+  config::topology topo;
   if (!load_or_report(o.config, topo, "up"))
     return 2;
   // Signals come to this thread via sigtimedwait; children get them unblocked.
@@ -257,7 +257,7 @@ int run_up(const up_options& o) {
                   + (old_path ? old_path : "/usr/bin:/bin");
   auto config = fs::absolute(o.config).string();
   std::vector<child> children;
-  auto launch = [&](const wire::node_spec& n) {
+  auto launch = [&](const config::node_spec& n) {
     child c{n.name, logs + "/" + n.name + ".log", 0, false};
     c.pid = start_node(self, config, n.name, c.log, path_env);
     children.push_back(c);

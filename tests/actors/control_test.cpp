@@ -30,26 +30,26 @@ forwarder_actor::behavior_type fake_forwarder(forwarder_actor::pointer,
   };
 }
 
-wire::topology cluster() {
-  wire::topology t;
+config::topology cluster() {
+  config::topology t;
   t.seed = "0";
   t.plaintext = true;
-  wire::node_spec c;
+  config::node_spec c;
   c.name = "control-1";
   c.roles.control = true;
   t.nodes.push_back(c);
   for (const char* name : {"agent-a", "agent-b"}) {
-    wire::node_spec a;
+    config::node_spec a;
     a.name = name;
     a.roles.agent = true;
-    wire::engine_spec e;
+    config::engine_spec e;
     e.replica = std::string(name) == "agent-a" ? "a0" : "b0";
     e.model = "m";
     e.kv_events = true;
     e.dp_size = 2;
     a.engines.push_back(e);
     if (std::string(name) == "agent-a") {
-      wire::engine_spec quiet; // no KV events: tier 1 only
+      config::engine_spec quiet; // no KV events: tier 1 only
       quiet.replica = "a1";
       quiet.model = "m";
       a.engines.push_back(quiet);
@@ -61,7 +61,7 @@ wire::topology cluster() {
 
 /// The same cluster with certificates: the control node proves to be
 /// control-1, each agent must prove its name.
-wire::topology tls_cluster() {
+config::topology tls_cluster() {
   auto t = cluster();
   t.plaintext = false;
   t.ca = test::test_credentials().ca();
@@ -69,18 +69,18 @@ wire::topology tls_cluster() {
 }
 
 struct control_test : llmgw::test::deterministic {
-  std::shared_ptr<wire::shared_router> shared;
+  std::shared_ptr<routing::shared_router> shared;
   router_actor rt;
   control_actor ctl;
 
   void SetUp() override { start(cluster(), nullptr); }
 
-  void start(const wire::topology& t, std::shared_ptr<const wire::node_identity> id) {
-    shared = std::make_shared<wire::shared_router>(t);
+  void start(const config::topology& t, std::shared_ptr<const config::node_identity> id) {
+    shared = std::make_shared<routing::shared_router>(t);
     rt = stop_at_end(sys.spawn(router, shared));
     control_options opts;
     opts.node = "control-1";
-    opts.topo = std::make_shared<const wire::topology>(t);
+    opts.topo = std::make_shared<const config::topology>(t);
     opts.identity = std::move(id);
     opts.pending_limit = 4;
     opts.max_attempts = 3;
@@ -89,13 +89,13 @@ struct control_test : llmgw::test::deterministic {
 
   // The router's state, read between steps of the deterministic scheduler
   // (no other thread touches it then).
-  wire::router_core& core() {
+  routing::router_core& core() {
     return shared->with(
-      [](wire::router_core& c, wire::router_stats&) -> wire::router_core& { return c; });
+      [](routing::router_core& c, routing::router_stats&) -> routing::router_core& { return c; });
   }
-  wire::router_stats& stats() {
+  routing::router_stats& stats() {
     return shared->with(
-      [](wire::router_core&, wire::router_stats& s) -> wire::router_stats& { return s; });
+      [](routing::router_core&, routing::router_stats& s) -> routing::router_stats& { return s; });
   }
 
   control_state& control_st() {
@@ -120,8 +120,8 @@ struct control_test : llmgw::test::deterministic {
   }
 
   /// The transcript of `a`'s session after the control node's proof.
-  static wire::session_transcript transcript(const agent& a, const wire::key_share& share,
-                                             const control_proof& p) {
+  static config::session_transcript transcript(const agent& a, const config::key_share& share,
+                                               const control_proof& p) {
     return {a.node,  "control-1", a.session, share.nonce(), share.public_key(),
             p.nonce, p.key_share};
   }
@@ -129,9 +129,9 @@ struct control_test : llmgw::test::deterministic {
   /// Says hello as `node` and, when the control node answers, proves the
   /// name with `id` (null: a plaintext cluster's empty proof).
   agent connect(const std::string& node, std::uint64_t session,
-                const std::shared_ptr<const wire::node_identity>& id = nullptr) {
+                const std::shared_ptr<const config::node_identity>& id = nullptr) {
     auto a = forwarder_for(node, session);
-    auto share = wire::key_share::make();
+    auto share = config::key_share::make();
     caf::send_as(a.fwd, ctl, agent_hello{node, session, {}, share->nonce(), share->public_key()},
                  a.fwd);
     sched.run();
@@ -142,7 +142,7 @@ struct control_test : llmgw::test::deterministic {
     agent_proof mine{session, {}, {}};
     if (id) {
       mine.certificate = id->certificate();
-      mine.signature = id->sign(wire::proof_input(wire::proof_role::agent, t));
+      mine.signature = id->sign(config::proof_input(config::proof_role::agent, t));
     }
     caf::send_as(a.fwd, ctl, std::move(mine));
     sched.run();
@@ -161,7 +161,7 @@ struct control_test : llmgw::test::deterministic {
     u.seq = ++from.seq;
     u.reset = reset;
     for (auto k : keys)
-      u.added.push_back({k, wire::medium::gpu});
+      u.added.push_back({k, kv::medium::gpu});
     u.mac = update_mac(from.key, u);
     return u;
   }
@@ -183,7 +183,7 @@ struct control_test : llmgw::test::deterministic {
   }
 
   bool trusted(const std::string& replica) {
-    std::vector<wire::holder_id> hs;
+    std::vector<routing::holder_id> hs;
     core().kv().trusted_holders(replica, hs);
     return !hs.empty();
   }
@@ -285,7 +285,7 @@ TEST_F(control_test, a_new_session_replaces_the_old_one) {
   send(again, "a0", {4, 5});
   EXPECT_EQ(blocks_of("a0"), 2u);
   auto& drops = stats().drops;
-  EXPECT_EQ((drops[{"a0", wire::drop_reason::session}]), 1u);
+  EXPECT_EQ((drops[{"a0", routing::drop_reason::session}]), 1u);
 }
 
 TEST_F(control_test, an_agent_going_away_drops_its_replicas_at_once) {
@@ -300,7 +300,7 @@ TEST_F(control_test, an_agent_going_away_drops_its_replicas_at_once) {
   EXPECT_EQ(blocks_of("b0"), 1u) << "other nodes are untouched";
   EXPECT_EQ(control_st().sessions.count("agent-a"), 0u);
   auto& drops = stats().drops;
-  EXPECT_EQ((drops[{"a0", wire::drop_reason::node_down}]), 1u);
+  EXPECT_EQ((drops[{"a0", routing::drop_reason::node_down}]), 1u);
   auto back = connect("agent-a", 3);
   send(back, "a0", {1, 2, 9});
   EXPECT_EQ(blocks_of("a0"), 3u);
@@ -312,20 +312,19 @@ TEST_F(control_test, the_router_answers_routes_from_what_the_agents_sent) {
   auto b = connect("agent-b", 2);
   send(a, "a0", {10, 11, 12});
   send(b, "b0", {10});
-  wire::route_query q;
+  routing::route_query q;
   q.model = "m";
   q.tokenized = true;
   q.keys = {10, 11, 12, 13};
-  std::optional<wire::route_decision> got;
+  std::optional<routing::route_decision> got;
   auto client = sys.spawn([&](caf::event_based_actor* self) {
-    self->request(rt, caf::infinite, route_atom::value, q).then([&](const wire::route_decision& d) {
-      got = d;
-    });
+    self->request(rt, caf::infinite, route_atom::value, q)
+      .then([&](const routing::route_decision& d) { got = d; });
   });
   sched.run();
   ASSERT_TRUE(got);
   EXPECT_EQ(got->replica, "a0");
-  EXPECT_EQ(got->tier, wire::route_tier::kv);
+  EXPECT_EQ(got->tier, routing::route_tier::kv);
   EXPECT_DOUBLE_EQ(got->score, 0.75);
   EXPECT_EQ(core().counters().decisions[0], 1u);
   EXPECT_EQ(stats().matched_share_kv.count(), 1u);
@@ -352,19 +351,19 @@ struct identity_test : control_test {
 
 TEST_F(identity_test, the_control_node_proves_its_own_name) {
   auto a = forwarder_for("agent-a", 1);
-  auto share = wire::key_share::make();
+  auto share = config::key_share::make();
   caf::send_as(a.fwd, ctl, agent_hello{"agent-a", 1, {}, share->nonce(), share->public_key()},
                a.fwd);
   sched.run();
   ASSERT_EQ(a.log->proofs.size(), 1u);
   const auto& p = a.log->proofs[0];
-  auto data = wire::proof_input(wire::proof_role::control, transcript(a, *share, p));
+  auto data = config::proof_input(config::proof_role::control, transcript(a, *share, p));
   auto me = creds.of("agent-a");
   EXPECT_TRUE(me->check_peer(p.certificate, "control-1", {}, data, p.signature));
   EXPECT_EQ(me->check_peer(p.certificate, "control-2", {}, data, p.signature).reason, "name")
     << "an agent configured for control-2 would refuse it";
   EXPECT_EQ(me->check_peer(p.certificate, "control-1", {},
-                           wire::proof_input(wire::proof_role::agent, transcript(a, *share, p)),
+                           config::proof_input(config::proof_role::agent, transcript(a, *share, p)),
                            p.signature)
               .reason,
             "signature")
@@ -390,16 +389,16 @@ TEST_F(identity_test, a_node_holding_another_nodes_certificate_cannot_claim_its_
 
 TEST_F(identity_test, a_certificate_of_another_ca_or_a_wrong_signature_is_refused) {
   auto b = genuine_b();
-  auto files = wire::credentials_in(creds.stranger, "agent-b");
+  auto files = config::credentials_in(creds.stranger, "agent-b");
   auto stranger =
-    wire::node_identity::load("agent-b", files.cert, files.key, creds.stranger + "/ca.pem");
+    config::node_identity::load("agent-b", files.cert, files.key, creds.stranger + "/ca.pem");
   ASSERT_TRUE(stranger);
   auto foreign = connect("agent-b", 31, *stranger);
   ASSERT_EQ(foreign.log->refusals.size(), 1u);
   EXPECT_EQ(control_st().sessions_refused["certificate"], 1u);
   // agent-b's certificate, signed by agent-a's key.
   auto x = forwarder_for("agent-b", 32);
-  auto share = wire::key_share::make();
+  auto share = config::key_share::make();
   caf::send_as(x.fwd, ctl, agent_hello{"agent-b", 32, {}, share->nonce(), share->public_key()},
                x.fwd);
   sched.run();
@@ -408,7 +407,7 @@ TEST_F(identity_test, a_certificate_of_another_ca_or_a_wrong_signature_is_refuse
   caf::send_as(
     x.fwd, ctl,
     agent_proof{32, creds.of("agent-b")->certificate(),
-                creds.of("agent-a")->sign(wire::proof_input(wire::proof_role::agent, t))});
+                creds.of("agent-a")->sign(config::proof_input(config::proof_role::agent, t))});
   sched.run();
   EXPECT_EQ(control_st().sessions_refused["signature"], 1u);
   EXPECT_EQ(blocks_of("b0"), 1u);
@@ -419,7 +418,7 @@ TEST_F(identity_test, a_relay_of_a_genuine_handshake_gets_a_session_but_is_never
   // The relay has its own valid certificate on both TLS connections and
   // passes the genuine agent-b's handshake through, message by message.
   auto relay = forwarder_for("agent-b", 40);
-  auto share = wire::key_share::make(); // genuine agent-b's
+  auto share = config::key_share::make(); // genuine agent-b's
   caf::send_as(relay.fwd, ctl, agent_hello{"agent-b", 40, {}, share->nonce(), share->public_key()},
                relay.fwd);
   sched.run();
@@ -431,7 +430,7 @@ TEST_F(identity_test, a_relay_of_a_genuine_handshake_gets_a_session_but_is_never
   caf::send_as(
     relay.fwd, ctl,
     agent_proof{40, creds.of("agent-b")->certificate(),
-                creds.of("agent-b")->sign(wire::proof_input(wire::proof_role::agent, t))});
+                creds.of("agent-b")->sign(config::proof_input(config::proof_role::agent, t))});
   sched.run();
   ASSERT_EQ(control_st().sessions.at("agent-b").id, 40u) << "the relayed session is accepted";
   // What the relay makes itself has no valid MAC: it never learns the key.
@@ -450,7 +449,7 @@ TEST_F(identity_test, a_relay_of_a_genuine_handshake_gets_a_session_but_is_never
 
 TEST_F(identity_test, a_revoked_certificate_is_refused) {
   auto t = tls_cluster();
-  t.nodes[2].fingerprints = {wire::fingerprint_of("another certificate")}; // agent-b
+  t.nodes[2].fingerprints = {config::fingerprint_of("another certificate")}; // agent-b
   start(t, creds.of("control-1"));
   auto b = connect("agent-b", 50, creds.of("agent-b"));
   ASSERT_EQ(b.log->refusals.size(), 1u);
@@ -470,7 +469,7 @@ TEST_F(identity_test, unfinished_attempts_are_bounded_and_forgotten) {
   std::vector<agent> waiting;
   for (std::uint64_t i = 0; i < 3; ++i) { // max_attempts
     waiting.push_back(forwarder_for("agent-b", 60 + i));
-    auto share = wire::key_share::make();
+    auto share = config::key_share::make();
     caf::send_as(waiting.back().fwd, ctl,
                  agent_hello{"agent-b", 60 + i, {}, share->nonce(), share->public_key()},
                  waiting.back().fwd);
@@ -495,7 +494,7 @@ TEST_F(identity_test, a_hello_cannot_get_another_forwarder_told_its_session_ende
   auto b = genuine_b();
   // Another peer says hello with b's session id, naming b's forwarder.
   auto other = forwarder_for("zzz", b.session);
-  auto share = wire::key_share::make();
+  auto share = config::key_share::make();
   caf::send_as(other.fwd, ctl,
                agent_hello{"zzz", b.session, {}, share->nonce(), share->public_key()}, b.fwd);
   sched.run();
@@ -530,7 +529,7 @@ TEST_F(identity_test, one_peer_cannot_fill_the_attempts_table) {
   std::vector<agent> waiting;
   for (std::uint64_t i = 0; i < 2; ++i) {
     waiting.push_back(forwarder_for("agent-b", 80 + i));
-    auto share = wire::key_share::make();
+    auto share = config::key_share::make();
     caf::send_as(waiting.back().fwd, ctl,
                  agent_hello{"agent-b", 80 + i, {}, share->nonce(), share->public_key()},
                  waiting.back().fwd);

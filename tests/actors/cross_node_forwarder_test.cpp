@@ -51,7 +51,7 @@ TEST(cross_node, forwarder_session_and_acks_cross_the_network) {
   node_config agent_cfg;
   caf::actor_system agent_sys{agent_cfg};
   auto m = agent_sys.spawn(mirror, std::string("r0"), std::uint32_t{0},
-                           std::optional<wire::parity_config>{});
+                           std::optional<kv::parity_config>{});
   forwarder_options opts;
   opts.node = "agent-a";
   opts.control = "control-1";

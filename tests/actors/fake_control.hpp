@@ -26,7 +26,7 @@ struct control_record {
   std::vector<agent_hello> hellos;
   std::vector<replica_update> updates;
   /// Per (replica, rank): an update only ever speaks for its own replica.
-  std::map<std::pair<std::string, std::uint32_t>, std::set<wire::block_ref>> replicas;
+  std::map<std::pair<std::string, std::uint32_t>, std::set<kv::block_ref>> replicas;
   bool ack = true; ///< answer every update with an ack
   std::size_t bad_macs = 0;
   std::map<std::uint64_t, std::string> keys; ///< session keys, by session
@@ -36,7 +36,7 @@ struct control_record {
     return updates.size();
   }
 
-  std::set<wire::block_ref> blocks_of(const std::string& replica, std::uint32_t rank = 0) {
+  std::set<kv::block_ref> blocks_of(const std::string& replica, std::uint32_t rank = 0) {
     std::lock_guard<std::mutex> g(mtx);
     return replicas[{replica, rank}];
   }
@@ -46,14 +46,14 @@ struct control_record {
 /// (control-1, no certificate), for stand-in control nodes.
 struct plaintext_handshake {
   struct pending {
-    wire::session_transcript transcript;
-    std::optional<wire::key_share> share;
+    config::session_transcript transcript;
+    std::optional<config::key_share> share;
   };
   std::map<std::uint64_t, pending> started;
 
   /// The answer to a hello.
   control_proof answer(const agent_hello& h) {
-    auto share = wire::key_share::make();
+    auto share = config::key_share::make();
     auto& p = started[h.session];
     p.transcript = {h.node,      "control-1",    h.session,          h.nonce,
                     h.key_share, share->nonce(), share->public_key()};
@@ -98,7 +98,7 @@ inline control_actor::behavior_type recording_control(control_actor::pointer sel
       {
         std::lock_guard<std::mutex> g(rec->mtx);
         auto key = rec->keys.find(u.session);
-        if (key == rec->keys.end() || !wire::same_mac(u.mac, update_mac(key->second, u)))
+        if (key == rec->keys.end() || !config::same_mac(u.mac, update_mac(key->second, u)))
           ++rec->bad_macs;
         rec->updates.push_back(u);
         auto& blocks = rec->replicas[{u.replica, u.dp_rank}];

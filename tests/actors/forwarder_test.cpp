@@ -18,16 +18,16 @@ struct forwarder_test : llmgw::test::deterministic {
     std::make_shared<llmgw::test::control_record>();
   control_actor control = stop_at_end(sys.spawn(llmgw::test::recording_control, log));
   mirror_actor m0 = stop_at_end(
-    sys.spawn(mirror, std::string("r0"), std::uint32_t{0}, std::optional<wire::parity_config>{}));
+    sys.spawn(mirror, std::string("r0"), std::uint32_t{0}, std::optional<kv::parity_config>{}));
   mirror_actor m1 = stop_at_end(
-    sys.spawn(mirror, std::string("r1"), std::uint32_t{0}, std::optional<wire::parity_config>{}));
+    sys.spawn(mirror, std::string("r1"), std::uint32_t{0}, std::optional<kv::parity_config>{}));
   std::vector<batch_ptr> s1 = capture("S1_basic.map.int.json");
   std::vector<batch_ptr> s3 = capture("S3_lora_salt.map.int.json");
   int connect_calls = 0;
   bool reachable = true;
 
   forwarder_actor start(std::uint64_t window = 64,
-                        std::shared_ptr<const wire::node_identity> identity = nullptr) {
+                        std::shared_ptr<const config::node_identity> identity = nullptr) {
     forwarder_options opts;
     opts.node = "agent-a";
     opts.control = "control-1";
@@ -56,9 +56,9 @@ struct forwarder_test : llmgw::test::deterministic {
   }
 };
 
-std::set<wire::block_ref> replay_into_copy(const std::vector<replica_update>& updates,
-                                           const std::string& replica) {
-  std::set<wire::block_ref> copy;
+std::set<kv::block_ref> replay_into_copy(const std::vector<replica_update>& updates,
+                                         const std::string& replica) {
+  std::set<kv::block_ref> copy;
   for (const auto& u : updates) {
     if (u.replica != replica)
       continue;
@@ -188,7 +188,7 @@ namespace {
 /// A control node that answers hellos with a proof signed by `id` (as
 /// control-1, whatever its certificate says), and records what follows.
 control_actor::behavior_type proving_control(control_actor::pointer self,
-                                             std::shared_ptr<const wire::node_identity> id,
+                                             std::shared_ptr<const config::node_identity> id,
                                              std::shared_ptr<llmgw::test::control_record> rec) {
   return {
     [self, id, rec](const agent_hello& h, const forwarder_actor& f) {
@@ -196,12 +196,12 @@ control_actor::behavior_type proving_control(control_actor::pointer self,
         std::lock_guard<std::mutex> g(rec->mtx);
         rec->hellos.push_back(h);
       }
-      auto share = wire::key_share::make();
-      wire::session_transcript t{h.node,      "control-1",    h.session,          h.nonce,
-                                 h.key_share, share->nonce(), share->public_key()};
+      auto share = config::key_share::make();
+      config::session_transcript t{h.node,      "control-1",    h.session,          h.nonce,
+                                   h.key_share, share->nonce(), share->public_key()};
       self->send(f, control_proof{h.session, "control-1", share->nonce(), share->public_key(),
                                   id->certificate(),
-                                  id->sign(wire::proof_input(wire::proof_role::control, t))});
+                                  id->sign(config::proof_input(config::proof_role::control, t))});
     },
     [](const agent_proof&) {},
     [](timeout_atom, std::uint64_t) {},

@@ -43,9 +43,9 @@ llmgw::replica_update sample_update() {
   u.seq = 42;
   u.epoch = 7;
   u.reset = true;
-  u.parity = static_cast<std::uint8_t>(llmgw::wire::parity_state::verified);
-  u.added = {{16284813627505341992u, llmgw::wire::medium::gpu}, {1, llmgw::wire::medium::cpu}};
-  u.removed = {{~std::uint64_t{0}, llmgw::wire::medium::storage}};
+  u.parity = static_cast<std::uint8_t>(llmgw::kv::parity_state::verified);
+  u.added = {{16284813627505341992u, llmgw::kv::medium::gpu}, {1, llmgw::kv::medium::cpu}};
+  u.removed = {{~std::uint64_t{0}, llmgw::kv::medium::storage}};
   u.totals.batches = 11;
   u.totals.stored = 12;
   u.totals.removed = 13;

@@ -34,7 +34,7 @@ struct deterministic : llmgw::test::deterministic {
 
 TEST_F(deterministic, mirror_gives_snapshot_then_net_changes) {
   auto m = sys.spawn(mirror, std::string("r0"), std::uint32_t{0},
-                     std::optional<wire::parity_config>(wire::parity_config{"0", 16}));
+                     std::optional<kv::parity_config>(kv::parity_config{"0", 16}));
   auto batches = capture("S1_basic.map.int.json");
   caf::anon_send(m, apply_atom::value, batches[0]);
   caf::anon_send(m, apply_atom::value, batches[1]);
@@ -43,7 +43,7 @@ TEST_F(deterministic, mirror_gives_snapshot_then_net_changes) {
   ASSERT_EQ(replies.size(), 1u);
   EXPECT_EQ(replies[0].replica, "r0");
   EXPECT_TRUE(replies[0].reset);
-  EXPECT_EQ(replies[0].parity, static_cast<std::uint8_t>(wire::parity_state::verified));
+  EXPECT_EQ(replies[0].parity, static_cast<std::uint8_t>(kv::parity_state::verified));
   auto snapshot_size = replies[0].added.size();
   EXPECT_EQ(snapshot_size,
             batches[0]->events[0].block_hashes.size() + batches[1]->events[0].block_hashes.size());
@@ -57,7 +57,7 @@ TEST_F(deterministic, mirror_gives_snapshot_then_net_changes) {
   ASSERT_EQ(replies.size(), 3u);
   // The peer's copy, built only from what the mirror sent, equals the
   // capture's final state.
-  std::set<wire::block_ref> copy;
+  std::set<kv::block_ref> copy;
   for (const auto& u : replies) {
     if (u.reset)
       copy.clear();
@@ -66,10 +66,10 @@ TEST_F(deterministic, mirror_gives_snapshot_then_net_changes) {
     for (const auto& r : u.added)
       EXPECT_TRUE(copy.insert(r).second);
   }
-  std::set<wire::block_ref> want;
+  std::set<kv::block_ref> want;
   auto doc = llmgw::test::read_json(llmgw::test::capture_path("S1_basic.map.int.json"));
   for (const auto& b : doc.at("expected").at("final_blocks").as_array())
-    want.insert({std::stoull(json::value_to<std::string>(b.at("hash"))), wire::medium::gpu});
+    want.insert({std::stoull(json::value_to<std::string>(b.at("hash"))), kv::medium::gpu});
   EXPECT_EQ(copy, want);
   EXPECT_FALSE(replies[2].added.empty());
   caf::anon_send_exit(m, caf::exit_reason::user_shutdown);
@@ -78,12 +78,12 @@ TEST_F(deterministic, mirror_gives_snapshot_then_net_changes) {
 
 TEST_F(deterministic, mirror_reset_is_announced_first) {
   auto m =
-    sys.spawn(mirror, std::string("r1"), std::uint32_t{0}, std::optional<wire::parity_config>{});
+    sys.spawn(mirror, std::string("r1"), std::uint32_t{0}, std::optional<kv::parity_config>{});
   auto batches = capture("S1_basic.array.int.json");
   caf::anon_send(m, apply_atom::value, batches[0]);
   sched.run();
   ask(m, subscribe_atom::value, std::uint64_t{7});
-  caf::anon_send(m, reset_atom::value, static_cast<std::uint8_t>(wire::reset_reason::gap));
+  caf::anon_send(m, reset_atom::value, static_cast<std::uint8_t>(kv::reset_reason::gap));
   caf::anon_send(m, apply_atom::value, batches[1]);
   caf::anon_send(m, reset_atom::value, std::uint8_t{200}); // not a reason: ignored
   sched.run();
@@ -92,7 +92,7 @@ TEST_F(deterministic, mirror_reset_is_announced_first) {
   EXPECT_TRUE(replies[1].reset);
   EXPECT_EQ(replies[1].epoch, 1u);
   EXPECT_EQ(replies[1].added.size(), batches[1]->events[0].block_hashes.size());
-  EXPECT_EQ(replies[1].parity, static_cast<std::uint8_t>(wire::parity_state::unknown));
+  EXPECT_EQ(replies[1].parity, static_cast<std::uint8_t>(kv::parity_state::unknown));
   caf::anon_send_exit(m, caf::exit_reason::user_shutdown);
   sched.run();
 }

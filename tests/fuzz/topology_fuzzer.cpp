@@ -11,9 +11,9 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   std::string text(reinterpret_cast<const char*>(data), size);
-  llmgw::wire::topology_options opts;
+  llmgw::config::topology_options opts;
   opts.check_tls_files = false; // no files here: the text is the input
-  auto r = llmgw::wire::parse_topology(text, "/fuzz/cluster.toml", opts);
+  auto r = llmgw::config::parse_topology(text, "/fuzz/cluster.toml", opts);
   if (r.value.has_value() == !r.problems.empty())
     std::abort(); // either a topology or problems
   for (const auto& p : r.problems)

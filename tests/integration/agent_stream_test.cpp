@@ -41,7 +41,7 @@ struct frame {
 
 struct capture_data {
   std::vector<frame> frames;
-  std::set<wire::block_ref> expected;
+  std::set<kv::block_ref> expected;
   std::int64_t clears = 0;
   std::string topic;
 };
@@ -100,7 +100,7 @@ struct agent_path {
 
   explicit agent_path(const std::string& topic, const std::string& replay = "") {
     mirror = sys.spawn(llmgw::mirror, std::string("r0"), std::uint32_t{0},
-                       std::optional<wire::parity_config>(wire::parity_config{"0", 16}));
+                       std::optional<kv::parity_config>(kv::parity_config{"0", 16}));
     subscriber_options opts;
     opts.replica = "r0";
     opts.topic = topic;
@@ -135,13 +135,13 @@ struct agent_path {
   }
 };
 
-std::set<wire::block_ref> as_set(const replica_update& u) {
+std::set<kv::block_ref> as_set(const replica_update& u) {
   return {u.added.begin(), u.added.end()};
 }
 
 /// What the block table holds after applying frames [from, end) to an empty one.
-std::set<wire::block_ref> reference(const capture_data& c, std::size_t from) {
-  wire::block_table t;
+std::set<kv::block_ref> reference(const capture_data& c, std::size_t from) {
+  kv::block_table t;
   for (std::size_t i = from; i < c.frames.size(); ++i)
     t.apply(*wire::decode_batch(c.frames[i].payload));
   auto held = t.held();
@@ -162,7 +162,7 @@ TEST_P(agent_stream_capture, mirror_ends_in_the_expected_state) {
   auto state = path.snapshot();
   EXPECT_EQ(as_set(state), c.expected);
   EXPECT_EQ(state.epoch, static_cast<std::uint64_t>(c.clears)) << "one reset per AllBlocksCleared";
-  EXPECT_NE(state.parity, static_cast<std::uint8_t>(wire::parity_state::mismatch));
+  EXPECT_NE(state.parity, static_cast<std::uint8_t>(kv::parity_state::mismatch));
   EXPECT_EQ(path.stats->gaps.load(), 0u);
   EXPECT_EQ(path.stats->decode_errors.load(), 0u);
 }
@@ -250,7 +250,7 @@ TEST(agent_path, the_control_nodes_copy_equals_the_engines_blocks) {
   net_config agent_cfg;
   caf::actor_system agent_sys{agent_cfg};
   auto m = agent_sys.spawn(mirror, std::string("r0"), std::uint32_t{0},
-                           std::optional<wire::parity_config>(wire::parity_config{"0", 16}));
+                           std::optional<kv::parity_config>(kv::parity_config{"0", 16}));
   subscriber_options sopts;
   sopts.replica = "r0";
   sopts.topic = c.topic;

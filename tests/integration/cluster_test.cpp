@@ -309,7 +309,7 @@ TEST(cluster, a_node_holding_another_nodes_certificate_cannot_take_its_place) {
     explicit tls_config(const std::string& dir) {
       load<caf::io::middleman>();
       load<caf::openssl::manager>();
-      auto files = llmgw::wire::credentials_in(dir, "agent-a");
+      auto files = llmgw::config::credentials_in(dir, "agent-a");
       openssl_certificate = files.cert;
       openssl_key = files.key;
       openssl_cafile = dir + "/ca.pem";
@@ -320,12 +320,12 @@ TEST(cluster, a_node_holding_another_nodes_certificate_cannot_take_its_place) {
   tls_config cfg(c.dir());
   {
     caf::actor_system sys{cfg};
-    auto files = llmgw::wire::credentials_in(c.dir(), "agent-a");
+    auto files = llmgw::config::credentials_in(c.dir(), "agent-a");
     auto id =
-      llmgw::wire::node_identity::load("agent-a", files.cert, files.key, c.dir() + "/ca.pem");
+      llmgw::config::node_identity::load("agent-a", files.cert, files.key, c.dir() + "/ca.pem");
     ASSERT_TRUE(id);
     auto empty = sys.spawn(llmgw::mirror, std::string("b0"), std::uint32_t{0},
-                           std::optional<llmgw::wire::parity_config>{});
+                           std::optional<llmgw::kv::parity_config>{});
     llmgw::forwarder_options fo;
     fo.node = "agent-b";
     fo.control = "control-1";
@@ -415,7 +415,7 @@ struct capture_tokenizer {
     std::size_t leading = 0;
     for (; leading < full_blocks; ++leading) {
       auto key = json::value_to<std::uint64_t>(r.at("block_hashes_u64").as_array()[leading]);
-      if (!held.count({key, llmgw::wire::medium::gpu}))
+      if (!held.count({key, llmgw::kv::medium::gpu}))
         break;
     }
     return static_cast<double>(leading) / static_cast<double>(full_blocks);

@@ -69,15 +69,15 @@ TEST(engine_supervisor, restarts_an_exiting_engine_and_resets_its_mirror) {
   sys_config cfg;
   caf::actor_system sys{cfg};
   auto m =
-    sys.spawn(mirror, std::string("r0"), std::uint32_t{0}, std::optional<wire::parity_config>{});
-  wire::engine_launch_options lo;
+    sys.spawn(mirror, std::string("r0"), std::uint32_t{0}, std::optional<kv::parity_config>{});
+  config::engine_launch_options lo;
   lo.command = {"/bin/sh", "-c", "echo \"$PYTHONHASHSEED $*\" >> " + record + "; exit 3", "engine"};
   lo.seed = "1234";
   lo.kv_events = true;
   lo.events_endpoint = "tcp://127.0.0.1:40000";
   engine_supervisor_options opts;
   opts.replica = "r0";
-  opts.launch = wire::make_engine_launch(lo);
+  opts.launch = config::make_engine_launch(lo);
   opts.poll_interval = 20ms;
   opts.backoff_min = 50ms;
   opts.backoff_max = 200ms;

@@ -110,7 +110,7 @@ struct fake_engine {
 
 struct gateway_test : ::testing::Test {
   fake_engine e0{"e0"}, e1{"e1"};
-  std::shared_ptr<wire::topology> topo = std::make_shared<wire::topology>();
+  std::shared_ptr<config::topology> topo = std::make_shared<config::topology>();
   sys_config cfg;
   caf::actor_system sys{cfg};
   control_plane plane;
@@ -125,15 +125,15 @@ struct gateway_test : ::testing::Test {
     topo->block_size = 4;
     topo->plaintext = true;
     topo->gateway.down_for = 60s;
-    wire::node_spec c;
+    config::node_spec c;
     c.name = "control-1";
     c.roles.control = true;
     topo->nodes.push_back(c);
-    wire::node_spec a;
+    config::node_spec a;
     a.name = "agent-a";
     a.roles.agent = true;
     for (auto* e : {&e0, &e1}) {
-      wire::engine_spec spec;
+      config::engine_spec spec;
       spec.replica = e->name;
       spec.model = "m";
       spec.url = url_of(*e);
@@ -141,7 +141,7 @@ struct gateway_test : ::testing::Test {
       spec.dp_size = 2;
       a.engines.push_back(spec);
     }
-    wire::engine_spec dead; // nothing listens there
+    config::engine_spec dead; // nothing listens there
     dead.replica = "dead";
     dead.model = "only-dead";
     dead.url = "http://127.0.0.1:1";
@@ -200,7 +200,7 @@ struct gateway_test : ::testing::Test {
     u.dp_rank = rank;
     u.reset = true;
     for (const auto& b : h.hash(t))
-      u.added.push_back({b.key, wire::medium::gpu});
+      u.added.push_back({b.key, kv::medium::gpu});
     caf::anon_send(plane.router, u);
   }
 
@@ -493,18 +493,18 @@ TEST_F(interim_gateway_test, expect_is_answered_by_the_gateway_and_never_forward
 TEST(gateway_admin, health_and_metrics_answer_while_clients_hold_every_connection) {
   fake_engine e0{"e0"};
   e0.how = fake_engine::mode::hang;
-  auto topo = std::make_shared<wire::topology>();
+  auto topo = std::make_shared<config::topology>();
   topo->seed = "0";
   topo->plaintext = true;
   topo->gateway.max_connections = 2;
-  wire::node_spec c;
+  config::node_spec c;
   c.name = "control-1";
   c.roles.control = true;
   topo->nodes.push_back(c);
-  wire::node_spec a;
+  config::node_spec a;
   a.name = "agent-a";
   a.roles.agent = true;
-  wire::engine_spec spec;
+  config::engine_spec spec;
   spec.replica = "e0";
   spec.model = "m";
   spec.url = e0.url();

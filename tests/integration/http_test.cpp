@@ -268,12 +268,12 @@ struct fake_tokenize {
   std::string url() const { return "http://127.0.0.1:" + std::to_string(server->port()); }
 };
 
-wire::topology two_engines(const std::string& url0, const std::string& url1) {
-  wire::topology t;
-  wire::node_spec n;
+config::topology two_engines(const std::string& url0, const std::string& url1) {
+  config::topology t;
+  config::node_spec n;
   n.name = "agent-a";
   for (int i = 0; i < 2; ++i) {
-    wire::engine_spec e;
+    config::engine_spec e;
     e.replica = "r" + std::to_string(i);
     e.model = "m";
     e.url = i == 0 ? url0 : url1;

@@ -38,7 +38,7 @@ struct tls_peer {
   /// Connects with `name`'s certificate and key from `dir`; false if the
   /// TLS handshake fails.
   bool connect(std::uint16_t port, const std::string& dir, const std::string& name) {
-    auto files = llmgw::wire::credentials_in(dir, name);
+    auto files = llmgw::config::credentials_in(dir, name);
     SSL_CTX_use_certificate_file(ctx, files.cert.c_str(), SSL_FILETYPE_PEM);
     SSL_CTX_use_PrivateKey_file(ctx, files.key.c_str(), SSL_FILETYPE_PEM);
     fd = llmgw::test::connect_to(port);
@@ -222,7 +222,7 @@ TEST(node_port, only_the_topologys_certificates_get_past_tls) {
   c.start("control-1", file);
   ASSERT_TRUE(c.wait_ready("control-1", 10s)) << c.log_of("control-1");
   // A certificate the cluster's CA issued for something that is no node.
-  ASSERT_EQ(llmgw::wire::issue_node_certificate(c.dir(), "intruder", {"127.0.0.1"}), "");
+  ASSERT_EQ(llmgw::config::issue_node_certificate(c.dir(), "intruder", {"127.0.0.1"}), "");
   EXPECT_FALSE(tls_peer_admitted(c, c.dir(), "intruder"));
   EXPECT_FALSE(tls_peer_admitted(c, c.dir(), "agent-a")) << "revoked";
   EXPECT_TRUE(tls_peer_admitted(c, c.dir(), "control-1")) << "a node of the topology";

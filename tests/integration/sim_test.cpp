@@ -50,8 +50,8 @@ public:
         if (zmq::poll(&item, 1, std::chrono::milliseconds(10)) == 0)
           continue;
         std::vector<zmq::message_t> parts;
-        while (wire::receive_now(sub_, parts)) {
-          auto msg = wire::split_live_message(wire::views_of(parts));
+        while (receive_now(sub_, parts)) {
+          auto msg = wire::split_live_message(views_of(parts));
           if (!msg)
             continue;
           auto b = wire::decode_batch(msg->payload);
@@ -233,7 +233,7 @@ TEST(llmgw_sim, a_repeated_prompt_reports_cached_tokens_and_replay_answers) {
   for (;;) {
     std::vector<zmq::message_t> parts;
     ASSERT_TRUE(zmq::recv_multipart(dealer, std::back_inserter(parts))) << "the replay answers";
-    auto reply = wire::split_replay_reply(wire::views_of(parts));
+    auto reply = wire::split_replay_reply(views_of(parts));
     ASSERT_TRUE(reply) << reply.err().message;
     if (reply->end)
       break;

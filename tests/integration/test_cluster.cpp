@@ -102,9 +102,9 @@ test_cluster::test_cluster(std::vector<test_node_spec> nodes, std::string extra_
   : nodes_(std::move(nodes)) {
   char tmpl[] = "/tmp/llmgw-cluster-XXXXXX";
   dir_ = ::mkdtemp(tmpl);
-  EXPECT_EQ(wire::ensure_ca(dir_), "");
+  EXPECT_EQ(config::ensure_ca(dir_), "");
   for (const auto& n : nodes_) {
-    EXPECT_EQ(wire::issue_node_certificate(dir_, n.name, {n.host}), "");
+    EXPECT_EQ(config::issue_node_certificate(dir_, n.name, {n.host}), "");
     admin_ports_[n.name] = free_port();
     if (n.control) {
       caf_ports_[n.name] = free_port();
@@ -278,7 +278,7 @@ std::string test_cluster::log_of(const std::string& name) {
 std::string expected_fingerprint(const std::string& capture) {
   auto blocks = capture_final_blocks(read_json(capture_path(capture)));
   return fmt::format(
-    "{:016x}", wire::fingerprint_of(std::vector<wire::block_ref>(blocks.begin(), blocks.end())));
+    "{:016x}", routing::fingerprint_of(std::vector<kv::block_ref>(blocks.begin(), blocks.end())));
 }
 
 } // namespace llmgw::test

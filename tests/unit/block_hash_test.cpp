@@ -9,6 +9,7 @@
 #include <boost/json.hpp>
 #include <gtest/gtest.h>
 
+using namespace llmgw;
 using namespace llmgw::wire;
 namespace json = boost::json;
 

@@ -9,6 +9,8 @@
 #include <random>
 #include <set>
 
+using namespace llmgw;
+using namespace llmgw::routing;
 using namespace llmgw::wire;
 
 namespace {
@@ -26,59 +28,59 @@ std::vector<walk_score> walk(block_index& idx, const std::vector<block_key>& key
 
 TEST(block_index, add_remove_and_holds) {
   block_index idx;
-  EXPECT_TRUE(idx.add(42, 1, medium::gpu));
-  EXPECT_FALSE(idx.add(42, 1, medium::gpu)) << "the same entry twice is one entry";
-  EXPECT_TRUE(idx.add(42, 1, medium::cpu)) << "another medium is another entry";
-  EXPECT_TRUE(idx.add(42, 2, medium::gpu));
-  EXPECT_TRUE(idx.holds(42, 1, medium::cpu));
-  EXPECT_FALSE(idx.holds(42, 2, medium::cpu));
-  EXPECT_FALSE(idx.holds(43, 1, medium::gpu));
+  EXPECT_TRUE(idx.add(42, 1, kv::medium::gpu));
+  EXPECT_FALSE(idx.add(42, 1, kv::medium::gpu)) << "the same entry twice is one entry";
+  EXPECT_TRUE(idx.add(42, 1, kv::medium::cpu)) << "another medium is another entry";
+  EXPECT_TRUE(idx.add(42, 2, kv::medium::gpu));
+  EXPECT_TRUE(idx.holds(42, 1, kv::medium::cpu));
+  EXPECT_FALSE(idx.holds(42, 2, kv::medium::cpu));
+  EXPECT_FALSE(idx.holds(43, 1, kv::medium::gpu));
   EXPECT_EQ(idx.entries(), 3u);
   EXPECT_EQ(idx.keys(), 1u);
   EXPECT_EQ(idx.count(1), 2u);
-  EXPECT_TRUE(idx.remove(42, 1, medium::gpu));
-  EXPECT_FALSE(idx.remove(42, 1, medium::gpu));
-  EXPECT_FALSE(idx.remove(99, 1, medium::gpu)) << "unknown key";
+  EXPECT_TRUE(idx.remove(42, 1, kv::medium::gpu));
+  EXPECT_FALSE(idx.remove(42, 1, kv::medium::gpu));
+  EXPECT_FALSE(idx.remove(99, 1, kv::medium::gpu)) << "unknown key";
   EXPECT_EQ(idx.count(1), 1u);
-  EXPECT_TRUE(idx.remove(42, 1, medium::cpu));
-  EXPECT_TRUE(idx.remove(42, 2, medium::gpu));
+  EXPECT_TRUE(idx.remove(42, 1, kv::medium::cpu));
+  EXPECT_TRUE(idx.remove(42, 2, kv::medium::gpu));
   EXPECT_EQ(idx.keys(), 0u) << "a key nobody holds is erased";
   EXPECT_EQ(idx.entries(), 0u);
 }
 
 TEST(block_index, key_zero_is_a_key_like_any_other) {
   block_index idx;
-  EXPECT_FALSE(idx.holds(0, 0, medium::gpu));
-  EXPECT_TRUE(idx.add(0, 0, medium::gpu));
-  EXPECT_TRUE(idx.holds(0, 0, medium::gpu));
-  EXPECT_EQ(idx.blocks_of(0), (std::vector<block_ref>{{0, medium::gpu}}));
+  EXPECT_FALSE(idx.holds(0, 0, kv::medium::gpu));
+  EXPECT_TRUE(idx.add(0, 0, kv::medium::gpu));
+  EXPECT_TRUE(idx.holds(0, 0, kv::medium::gpu));
+  EXPECT_EQ(idx.blocks_of(0), (std::vector<kv::block_ref>{{0, kv::medium::gpu}}));
 }
 
 TEST(block_index, many_holders_of_one_key_spill_and_come_back) {
   block_index idx;
   for (holder_id h = 0; h < 40; ++h)
-    ASSERT_TRUE(idx.add(7, h, medium::gpu));
+    ASSERT_TRUE(idx.add(7, h, kv::medium::gpu));
   for (holder_id h = 0; h < 40; ++h)
-    EXPECT_TRUE(idx.holds(7, h, medium::gpu)) << h;
-  EXPECT_FALSE(idx.add(7, 39, medium::gpu));
+    EXPECT_TRUE(idx.holds(7, h, kv::medium::gpu)) << h;
+  EXPECT_FALSE(idx.add(7, 39, kv::medium::gpu));
   for (holder_id h = 0; h < 38; ++h)
-    ASSERT_TRUE(idx.remove(7, h, medium::gpu));
-  EXPECT_TRUE(idx.holds(7, 38, medium::gpu));
-  EXPECT_TRUE(idx.holds(7, 39, medium::gpu));
-  EXPECT_FALSE(idx.holds(7, 0, medium::gpu));
+    ASSERT_TRUE(idx.remove(7, h, kv::medium::gpu));
+  EXPECT_TRUE(idx.holds(7, 38, kv::medium::gpu));
+  EXPECT_TRUE(idx.holds(7, 39, kv::medium::gpu));
+  EXPECT_FALSE(idx.holds(7, 0, kv::medium::gpu));
   // And up again: the freed pool list is reused.
   for (holder_id h = 100; h < 110; ++h)
-    ASSERT_TRUE(idx.add(7, h, medium::cpu));
+    ASSERT_TRUE(idx.add(7, h, kv::medium::cpu));
   EXPECT_EQ(idx.entries(), 12u);
-  EXPECT_TRUE(idx.holds(7, 105, medium::cpu));
+  EXPECT_TRUE(idx.holds(7, 105, kv::medium::cpu));
 }
 
 TEST(block_index, drop_forgets_one_holder_only) {
   block_index idx;
   for (block_key k = 1; k <= 5000; ++k) {
-    idx.add(k * 0x9E3779B97F4A7C15ull, 3, k % 2 ? medium::gpu : medium::cpu);
+    idx.add(k * 0x9E3779B97F4A7C15ull, 3, k % 2 ? kv::medium::gpu : kv::medium::cpu);
     if (k % 3 == 0)
-      idx.add(k * 0x9E3779B97F4A7C15ull, 4, medium::gpu);
+      idx.add(k * 0x9E3779B97F4A7C15ull, 4, kv::medium::gpu);
   }
   auto before = idx.blocks_of(4);
   idx.drop(3);
@@ -94,15 +96,15 @@ TEST(block_index, the_walk_stops_at_the_first_missing_block_per_candidate) {
   // Holder 0: all five on GPU. Holder 1: the first two, then a gap.
   // Holder 2: blocks 0-3, block 1 only on CPU, block 2 on both.
   for (auto k : prompt)
-    idx.add(k, 0, medium::gpu);
-  idx.add(11, 1, medium::gpu);
-  idx.add(12, 1, medium::gpu);
-  idx.add(14, 1, medium::gpu);
-  idx.add(11, 2, medium::gpu);
-  idx.add(12, 2, medium::cpu);
-  idx.add(13, 2, medium::cpu);
-  idx.add(13, 2, medium::gpu);
-  idx.add(14, 2, medium::storage);
+    idx.add(k, 0, kv::medium::gpu);
+  idx.add(11, 1, kv::medium::gpu);
+  idx.add(12, 1, kv::medium::gpu);
+  idx.add(14, 1, kv::medium::gpu);
+  idx.add(11, 2, kv::medium::gpu);
+  idx.add(12, 2, kv::medium::cpu);
+  idx.add(13, 2, kv::medium::cpu);
+  idx.add(13, 2, kv::medium::gpu);
+  idx.add(14, 2, kv::medium::storage);
   auto s = walk(idx, prompt, {0, 1, 2, 5});
   ASSERT_EQ(s.size(), 4u);
   EXPECT_EQ(s[0].blocks, 5u);
@@ -120,8 +122,8 @@ TEST(block_index, the_walk_stops_at_the_first_missing_block_per_candidate) {
 
 TEST(block_index, walks_are_independent_of_each_other) {
   block_index idx;
-  idx.add(1, 0, medium::gpu);
-  idx.add(2, 1, medium::gpu);
+  idx.add(1, 0, kv::medium::gpu);
+  idx.add(2, 1, kv::medium::gpu);
   for (int i = 0; i < 3; ++i) {
     auto s = walk(idx, {1, 2}, {0, 1});
     EXPECT_EQ(s[0].blocks, 1u);
@@ -132,7 +134,7 @@ TEST(block_index, walks_are_independent_of_each_other) {
 TEST(block_index, randomized_against_a_reference_model) {
   std::mt19937_64 rng(20261202);
   block_index idx;
-  std::map<block_key, std::set<std::pair<holder_id, medium>>> model;
+  std::map<block_key, std::set<std::pair<holder_id, kv::medium>>> model;
   // Few distinct keys with many colliding homes: the low bits repeat, which
   // stresses displacement and backward shifts.
   std::vector<block_key> keys;
@@ -141,7 +143,7 @@ TEST(block_index, randomized_against_a_reference_model) {
   for (int step = 0; step < 200000; ++step) {
     auto key = keys[rng() % keys.size()];
     auto h = static_cast<holder_id>(rng() % 9);
-    auto m = static_cast<medium>(rng() % 3);
+    auto m = static_cast<kv::medium>(rng() % 3);
     auto op = rng() % 100;
     if (op < 55) {
       bool fresh = model[key].insert({h, m}).second;
@@ -156,7 +158,7 @@ TEST(block_index, randomized_against_a_reference_model) {
       idx.drop(h);
       for (auto it = model.begin(); it != model.end();) {
         for (int mm = 0; mm < 3; ++mm)
-          it->second.erase({h, static_cast<medium>(mm)});
+          it->second.erase({h, static_cast<kv::medium>(mm)});
         it = it->second.empty() ? model.erase(it) : std::next(it);
       }
     }
@@ -167,7 +169,7 @@ TEST(block_index, randomized_against_a_reference_model) {
   EXPECT_EQ(idx.entries(), entries);
   EXPECT_EQ(idx.keys(), model.size());
   for (holder_id h = 0; h < 9; ++h) {
-    std::vector<block_ref> expected;
+    std::vector<kv::block_ref> expected;
     for (const auto& [k, set] : model)
       for (const auto& [hh, m] : set)
         if (hh == h)
@@ -179,8 +181,8 @@ TEST(block_index, randomized_against_a_reference_model) {
   for (auto key : keys)
     for (holder_id h = 0; h < 9; ++h) {
       auto it = model.find(key);
-      bool expected = it != model.end() && it->second.count({h, medium::gpu});
-      ASSERT_EQ(idx.holds(key, h, medium::gpu), expected);
+      bool expected = it != model.end() && it->second.count({h, kv::medium::gpu});
+      ASSERT_EQ(idx.holds(key, h, kv::medium::gpu), expected);
     }
 }
 
@@ -189,7 +191,7 @@ TEST(block_index, memory_per_entry_stays_under_32_bytes_when_keys_are_held_once)
   std::mt19937_64 rng(7);
   double worst = 0;
   for (std::size_t n = 1; n <= 300000; ++n) {
-    idx.add(rng(), static_cast<holder_id>(n % 64), medium::gpu);
+    idx.add(rng(), static_cast<holder_id>(n % 64), kv::medium::gpu);
     if (n >= 1000 && n % 997 == 0)
       worst = std::max(worst, static_cast<double>(idx.memory_bytes()) / idx.entries());
   }
@@ -200,29 +202,29 @@ TEST(block_index, memory_per_entry_stays_under_32_bytes_when_keys_are_held_once)
 TEST(replica_index, a_full_copy_then_changes) {
   replica_index idx;
   auto now = std::chrono::steady_clock::now();
-  std::vector<block_ref> first{{1, medium::gpu}, {2, medium::gpu}};
-  std::vector<block_ref> more{{3, medium::cpu}};
-  std::vector<block_ref> gone{{1, medium::gpu}};
-  EXPECT_EQ(idx.apply({"r0", 0, 0, false, parity_state::unknown, &more, nullptr}, now),
+  std::vector<kv::block_ref> first{{1, kv::medium::gpu}, {2, kv::medium::gpu}};
+  std::vector<kv::block_ref> more{{3, kv::medium::cpu}};
+  std::vector<kv::block_ref> gone{{1, kv::medium::gpu}};
+  EXPECT_EQ(idx.apply({"r0", 0, 0, false, kv::parity_state::unknown, &more, nullptr}, now),
             apply_outcome::needs_reset)
     << "changes before a full copy would build on nothing";
-  EXPECT_EQ(idx.apply({"r0", 0, 3, true, parity_state::verified, &first, nullptr}, now),
+  EXPECT_EQ(idx.apply({"r0", 0, 3, true, kv::parity_state::verified, &first, nullptr}, now),
             apply_outcome::applied);
   auto h = *idx.find("r0", 0);
   EXPECT_TRUE(idx.trusted(h));
   EXPECT_EQ(idx.info(h).epoch, 3u);
-  EXPECT_EQ(idx.apply({"r0", 0, 3, false, parity_state::verified, &more, &gone}, now),
+  EXPECT_EQ(idx.apply({"r0", 0, 3, false, kv::parity_state::verified, &more, &gone}, now),
             apply_outcome::applied);
   EXPECT_EQ(idx.blocks().blocks_of(h),
-            (std::vector<block_ref>{{2, medium::gpu}, {3, medium::cpu}}));
+            (std::vector<kv::block_ref>{{2, kv::medium::gpu}, {3, kv::medium::cpu}}));
   EXPECT_EQ(idx.info(h).fingerprint, fingerprint_of(idx.blocks().blocks_of(h)))
     << "kept up to date as blocks come and go";
   EXPECT_NE(idx.info(h).fingerprint, fingerprint_of(first));
-  EXPECT_EQ(idx.apply({"r0", 0, 2, false, parity_state::verified, &first, nullptr}, now),
+  EXPECT_EQ(idx.apply({"r0", 0, 2, false, kv::parity_state::verified, &first, nullptr}, now),
             apply_outcome::stale_epoch);
   EXPECT_EQ(idx.blocks().count(h), 2u) << "a stale change changes nothing";
   // A reset with a new epoch replaces everything.
-  EXPECT_EQ(idx.apply({"r0", 0, 4, true, parity_state::unknown, &gone, nullptr}, now),
+  EXPECT_EQ(idx.apply({"r0", 0, 4, true, kv::parity_state::unknown, &gone, nullptr}, now),
             apply_outcome::applied);
   EXPECT_EQ(idx.blocks().blocks_of(h), gone);
   EXPECT_EQ(idx.info(h).resets, 2u);
@@ -231,11 +233,11 @@ TEST(replica_index, a_full_copy_then_changes) {
 TEST(replica_index, ranks_are_separate_holders_and_drop_takes_them_all) {
   replica_index idx;
   auto now = std::chrono::steady_clock::now();
-  std::vector<block_ref> a{{1, medium::gpu}};
-  std::vector<block_ref> b{{2, medium::gpu}};
-  idx.apply({"r0", 0, 0, true, parity_state::unknown, &a, nullptr}, now);
-  idx.apply({"r0", 1, 0, true, parity_state::unknown, &b, nullptr}, now);
-  idx.apply({"r1", 0, 0, true, parity_state::unknown, &a, nullptr}, now);
+  std::vector<kv::block_ref> a{{1, kv::medium::gpu}};
+  std::vector<kv::block_ref> b{{2, kv::medium::gpu}};
+  idx.apply({"r0", 0, 0, true, kv::parity_state::unknown, &a, nullptr}, now);
+  idx.apply({"r0", 1, 0, true, kv::parity_state::unknown, &b, nullptr}, now);
+  idx.apply({"r1", 0, 0, true, kv::parity_state::unknown, &a, nullptr}, now);
   std::vector<holder_id> trusted;
   idx.trusted_holders("r0", trusted);
   EXPECT_EQ(trusted.size(), 2u);
@@ -245,28 +247,28 @@ TEST(replica_index, ranks_are_separate_holders_and_drop_takes_them_all) {
   EXPECT_TRUE(trusted.empty()) << "no KV state: routed by tier 1";
   EXPECT_EQ(idx.blocks().count(*idx.find("r0", 1)), 0u);
   EXPECT_EQ(idx.blocks().count(*idx.find("r1", 0)), 1u);
-  EXPECT_EQ(idx.apply({"r0", 0, 0, false, parity_state::unknown, &a, nullptr}, now),
+  EXPECT_EQ(idx.apply({"r0", 0, 0, false, kv::parity_state::unknown, &a, nullptr}, now),
             apply_outcome::needs_reset);
 }
 
 TEST(replica_index, a_hash_mismatch_is_not_trusted) {
   replica_index idx;
   auto now = std::chrono::steady_clock::now();
-  std::vector<block_ref> a{{1, medium::gpu}};
-  idx.apply({"r0", 0, 0, true, parity_state::mismatch, &a, nullptr}, now);
+  std::vector<kv::block_ref> a{{1, kv::medium::gpu}};
+  idx.apply({"r0", 0, 0, true, kv::parity_state::mismatch, &a, nullptr}, now);
   auto h = *idx.find("r0", 0);
   EXPECT_FALSE(idx.trusted(h));
   EXPECT_EQ(idx.blocks().count(h), 1u) << "kept, for /v1/kv/replicas, but not routed on";
-  idx.apply({"r0", 0, 1, true, parity_state::verified, &a, nullptr}, now);
+  idx.apply({"r0", 0, 1, true, kv::parity_state::verified, &a, nullptr}, now);
   EXPECT_TRUE(idx.trusted(h)) << "a reset with good hashes restores trust";
 }
 
 TEST(replica_index, ranks_may_arrive_in_any_order) {
   replica_index idx;
   auto now = std::chrono::steady_clock::now();
-  std::vector<block_ref> a{{1, medium::gpu}};
-  idx.apply({"r0", 2, 0, true, parity_state::unknown, &a, nullptr}, now);
-  idx.apply({"r0", 0, 0, true, parity_state::unknown, &a, nullptr}, now);
+  std::vector<kv::block_ref> a{{1, kv::medium::gpu}};
+  idx.apply({"r0", 2, 0, true, kv::parity_state::unknown, &a, nullptr}, now);
+  idx.apply({"r0", 0, 0, true, kv::parity_state::unknown, &a, nullptr}, now);
   auto hs = idx.holders_of("r0");
   ASSERT_EQ(hs.size(), 2u) << "rank 2 is there although rank 1 never was";
   EXPECT_EQ(idx.info(hs[0]).dp_rank, 0u);

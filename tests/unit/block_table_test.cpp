@@ -8,6 +8,8 @@
 #include <random>
 #include <set>
 
+using namespace llmgw;
+using namespace llmgw::kv;
 using namespace llmgw::wire;
 namespace json = boost::json;
 

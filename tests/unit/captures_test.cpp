@@ -15,6 +15,7 @@
 #include <set>
 
 using namespace llmgw;
+using namespace llmgw;
 using namespace llmgw::wire;
 namespace json = boost::json;
 

@@ -24,11 +24,11 @@ struct credentials {
   std::string ca() const { return dir + "/ca.pem"; }
 
   /// The identity of node `name` under the cluster CA (loaded once).
-  std::shared_ptr<const wire::node_identity> of(const std::string& name) {
+  std::shared_ptr<const config::node_identity> of(const std::string& name) {
     auto& id = loaded[name];
     if (!id) {
-      auto files = wire::credentials_in(dir, name);
-      auto r = wire::node_identity::load(name, files.cert, files.key, ca());
+      auto files = config::credentials_in(dir, name);
+      auto r = config::node_identity::load(name, files.cert, files.key, ca());
       EXPECT_TRUE(r) << (r ? "" : r.err().message);
       if (r)
         id = *r;
@@ -36,7 +36,7 @@ struct credentials {
     return id;
   }
 
-  std::map<std::string, std::shared_ptr<const wire::node_identity>> loaded;
+  std::map<std::string, std::shared_ptr<const config::node_identity>> loaded;
 
   credentials() = default;
   credentials(credentials&& o) noexcept
@@ -58,11 +58,11 @@ inline credentials& test_credentials() {
     char tmpl[] = "/tmp/llmgw-creds-XXXXXX";
     out.dir = ::mkdtemp(tmpl);
     out.stranger = out.dir + "/stranger";
-    EXPECT_EQ(wire::ensure_ca(out.dir), "");
+    EXPECT_EQ(config::ensure_ca(out.dir), "");
     for (const char* name : {"control-1", "control-2", "agent-a", "agent-b"})
-      EXPECT_EQ(wire::issue_node_certificate(out.dir, name, {"127.0.0.1"}), "");
-    EXPECT_EQ(wire::ensure_ca(out.stranger), "");
-    EXPECT_EQ(wire::issue_node_certificate(out.stranger, "agent-b", {"127.0.0.1"}), "");
+      EXPECT_EQ(config::issue_node_certificate(out.dir, name, {"127.0.0.1"}), "");
+    EXPECT_EQ(config::ensure_ca(out.stranger), "");
+    EXPECT_EQ(config::issue_node_certificate(out.stranger, "agent-b", {"127.0.0.1"}), "");
     return out;
   }();
   return c;

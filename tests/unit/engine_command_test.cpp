@@ -3,7 +3,8 @@
 #include <boost/json.hpp>
 #include <gtest/gtest.h>
 
-using namespace llmgw::wire;
+using namespace llmgw;
+using namespace llmgw::config;
 
 TEST(engine_command, adds_seed_hash_algo_and_events_config) {
   engine_launch_options o;

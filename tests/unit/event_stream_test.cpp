@@ -6,6 +6,8 @@
 #include <boost/json.hpp>
 #include <gtest/gtest.h>
 
+using namespace llmgw;
+using namespace llmgw::kv;
 using namespace llmgw::wire;
 using namespace std::chrono_literals;
 namespace json = boost::json;

@@ -7,6 +7,7 @@
 #include <boost/json.hpp>
 #include <gtest/gtest.h>
 
+using namespace llmgw;
 using namespace llmgw::wire;
 
 TEST(kv_events_encode, reproduces_every_capture_payload_byte_for_byte) {

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+using namespace llmgw;
 using namespace llmgw::wire;
 using llmgw::test::from_hex;
 

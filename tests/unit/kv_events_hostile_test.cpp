@@ -9,6 +9,7 @@
 
 #include <random>
 
+using namespace llmgw;
 using namespace llmgw::wire;
 using llmgw::test::from_hex;
 

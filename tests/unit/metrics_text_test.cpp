@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+using namespace llmgw;
 using namespace llmgw::wire;
 
 TEST(metrics_text, families_are_grouped_with_help_and_type) {

@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 using namespace llmgw;
+using namespace llmgw;
+using namespace llmgw::config;
 using namespace llmgw::wire;
 
 namespace {
@@ -144,7 +146,7 @@ std::string basp_header(std::uint32_t payload) {
   return h;
 }
 
-bool feed(wire::basp_frame_guard& g, const std::string& bytes, std::size_t piece) {
+bool feed(basp_frame_guard& g, const std::string& bytes, std::size_t piece) {
   for (std::size_t at = 0; at < bytes.size(); at += piece) {
     auto n = std::min(piece, bytes.size() - at);
     if (!g.feed(reinterpret_cast<const unsigned char*>(bytes.data() + at), n))
@@ -159,23 +161,23 @@ TEST(basp_frame_guard, follows_the_framing_in_pieces_of_any_size) {
   std::string stream = basp_header(100) + std::string(100, 'p') + basp_header(0) + basp_header(5000)
                        + std::string(5000, 'q') + basp_header(3);
   for (std::size_t piece : {1u, 7u, 32u, 33u, 4096u, 100000u}) {
-    wire::basp_frame_guard g(200, 10000);
+    basp_frame_guard g(200, 10000);
     EXPECT_TRUE(feed(g, stream, piece)) << "piece " << piece;
     EXPECT_EQ(g.refused_length(), 0u);
   }
 }
 
 TEST(basp_frame_guard, a_header_announcing_too_much_is_refused) {
-  wire::basp_frame_guard first(200, 1u << 30);
+  basp_frame_guard first(200, 1u << 30);
   EXPECT_FALSE(feed(first, basp_header(201), 5)) << "the first message has a tighter limit";
   EXPECT_EQ(first.refused_length(), 201u);
-  wire::basp_frame_guard later(200, 10000);
+  basp_frame_guard later(200, 10000);
   auto stream = basp_header(10) + std::string(10, 'x') + basp_header(1u << 30);
   EXPECT_FALSE(feed(later, stream, 3));
   EXPECT_EQ(later.refused_length(), 1u << 30);
   EXPECT_FALSE(feed(later, basp_header(1), 32)) << "refused ever after";
   // The payload bytes of an allowed message are never read as a header.
-  wire::basp_frame_guard payload(200, 100);
+  basp_frame_guard payload(200, 100);
   EXPECT_TRUE(feed(
     payload, basp_header(64) + basp_header(1u << 30).substr(0, 32) + std::string(32, '\0'), 9));
 }
@@ -212,26 +214,26 @@ TEST(basp_frame_guard, messages_that_speak_for_another_node_are_refused) {
   };
   std::string node_a(32, 'a'), node_b(32, 'b');
   std::string hello = header(1, 32) + node_a; // a client handshake naming node a
-  wire::basp_frame_guard ok(1024, 1024);
+  basp_frame_guard ok(1024, 1024);
   EXPECT_TRUE(feed(ok,
                    hello + header(2, 4) + "data" + header(6, 0) + header(5, 70) + node_a
                      + std::string(38, 'x'),
                    3))
     << "a down message for the connection's own node";
-  wire::basp_frame_guard forged(1024, 1024);
+  basp_frame_guard forged(1024, 1024);
   EXPECT_FALSE(feed(forged, hello + header(5, 70) + node_b + std::string(38, 'x'), 5));
-  EXPECT_EQ(forged.why(), wire::basp_frame_guard::verdict::forged_source);
-  wire::basp_frame_guard monitor(1024, 1024);
+  EXPECT_EQ(forged.why(), basp_frame_guard::verdict::forged_source);
+  basp_frame_guard monitor(1024, 1024);
   EXPECT_FALSE(feed(monitor, hello + header(4, 64) + node_b + node_a, 64));
-  EXPECT_EQ(monitor.why(), wire::basp_frame_guard::verdict::forged_source);
-  wire::basp_frame_guard routed(1024, 1024);
+  EXPECT_EQ(monitor.why(), basp_frame_guard::verdict::forged_source);
+  basp_frame_guard routed(1024, 1024);
   EXPECT_FALSE(feed(routed, hello + header(3, 64) + node_a + node_b, 1));
-  EXPECT_EQ(routed.why(), wire::basp_frame_guard::verdict::routed);
-  wire::basp_frame_guard direct(1024, 1024);
+  EXPECT_EQ(routed.why(), basp_frame_guard::verdict::routed);
+  basp_frame_guard direct(1024, 1024);
   EXPECT_FALSE(feed(direct, header(2, 4) + "data", 32));
-  EXPECT_EQ(direct.why(), wire::basp_frame_guard::verdict::not_handshake)
+  EXPECT_EQ(direct.why(), basp_frame_guard::verdict::not_handshake)
     << "no message before the handshake";
-  wire::basp_frame_guard short_down(1024, 1024);
+  basp_frame_guard short_down(1024, 1024);
   EXPECT_FALSE(feed(short_down, hello + header(5, 8) + "12345678", 32));
-  EXPECT_EQ(short_down.why(), wire::basp_frame_guard::verdict::forged_source);
+  EXPECT_EQ(short_down.why(), basp_frame_guard::verdict::forged_source);
 }

@@ -13,7 +13,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-using namespace llmgw::wire;
+using namespace llmgw;
+using namespace llmgw::config;
 namespace fs = std::filesystem;
 
 namespace {

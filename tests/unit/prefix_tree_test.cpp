@@ -6,7 +6,8 @@
 
 #include <string>
 
-using namespace llmgw::wire;
+using namespace llmgw;
+using namespace llmgw::routing;
 using namespace std::chrono_literals;
 
 namespace {

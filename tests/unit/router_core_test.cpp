@@ -6,21 +6,23 @@
 
 #include <set>
 
+using namespace llmgw;
+using namespace llmgw::routing;
 using namespace llmgw::wire;
 using namespace std::chrono_literals;
 
 namespace {
 
-topology four_replicas() {
-  topology t;
+config::topology four_replicas() {
+  config::topology t;
   t.block_size = 4;
   t.router.hot_spot_threshold = 4;
   t.router.tie_margin = 0.05;
-  node_spec a;
+  config::node_spec a;
   a.name = "agent-a";
   a.roles.agent = true;
   for (int i = 0; i < 4; ++i) {
-    engine_spec e;
+    config::engine_spec e;
     e.replica = "r" + std::to_string(i);
     e.model = "llama";
     e.url = "http://127.0.0.1:800" + std::to_string(i);
@@ -29,7 +31,7 @@ topology four_replicas() {
       e.lora = {"sql"};
     a.engines.push_back(e);
   }
-  engine_spec other;
+  config::engine_spec other;
   other.replica = "q0";
   other.model = "qwen";
   other.url = "http://127.0.0.1:8100";
@@ -41,15 +43,15 @@ topology four_replicas() {
 const auto t0 = std::chrono::steady_clock::now();
 
 /// Gives `replica` rank `rank` holding `blocks` (a full copy).
-void hold(router_core& rc, const std::string& replica, std::vector<block_ref> blocks,
-          std::uint32_t rank = 0, parity_state parity = parity_state::verified) {
+void hold(router_core& rc, const std::string& replica, std::vector<kv::block_ref> blocks,
+          std::uint32_t rank = 0, kv::parity_state parity = kv::parity_state::verified) {
   rc.kv().apply({replica, rank, 1, true, parity, &blocks, nullptr}, t0);
 }
 
-std::vector<block_ref> gpu(std::initializer_list<block_key> keys) {
-  std::vector<block_ref> out;
+std::vector<kv::block_ref> gpu(std::initializer_list<block_key> keys) {
+  std::vector<kv::block_ref> out;
   for (auto k : keys)
-    out.push_back({k, medium::gpu});
+    out.push_back({k, kv::medium::gpu});
   return out;
 }
 
@@ -128,7 +130,8 @@ TEST(router_core, tier2_picks_the_longest_held_prefix_and_its_rank) {
 TEST(router_core, cpu_blocks_count_less) {
   router_core rc(four_replicas()); // cpu_weight 0.5
   hold(rc, "r0", gpu({1, 2, 3}));
-  hold(rc, "r1", {{1, medium::cpu}, {2, medium::cpu}, {3, medium::cpu}, {4, medium::cpu}});
+  hold(rc, "r1",
+       {{1, kv::medium::cpu}, {2, kv::medium::cpu}, {3, kv::medium::cpu}, {4, kv::medium::cpu}});
   auto d = route(rc, query({1, 2, 3, 4}), t0);
   EXPECT_EQ(d.replica, "r0");
   EXPECT_DOUBLE_EQ(score_of(d, "r1").kv, 0.5);
@@ -140,11 +143,11 @@ TEST(router_core, scores_within_the_margin_go_to_the_least_loaded) {
   std::vector<block_key> prompt;
   for (block_key k = 1; k <= 40; ++k)
     prompt.push_back(k);
-  std::vector<block_ref> all = gpu({}), most = gpu({});
+  std::vector<kv::block_ref> all = gpu({}), most = gpu({});
   for (block_key k = 1; k <= 40; ++k) {
-    all.push_back({k, medium::gpu});
+    all.push_back({k, kv::medium::gpu});
     if (k <= 39)
-      most.push_back({k, medium::gpu});
+      most.push_back({k, kv::medium::gpu});
   }
   hold(rc, "r0", all);
   hold(rc, "r1", most); // 0.975 vs 1.0: within 0.05
@@ -219,8 +222,8 @@ TEST(router_core, untrusted_replicas_are_scored_by_tier1_beside_trusted_ones) {
   q.exclude = {"r0", "r1", "r3"};
   ASSERT_EQ(route(rc, q, t0).replica, "r2");
   rc.finished("r2");
-  hold(rc, "r0", gpu({1}));                                     // kv 0.25
-  hold(rc, "r1", gpu({1, 2, 3, 4}), 0, parity_state::mismatch); // not trusted
+  hold(rc, "r0", gpu({1}));                                         // kv 0.25
+  hold(rc, "r1", gpu({1, 2, 3, 4}), 0, kv::parity_state::mismatch); // not trusted
   auto d = route(rc, query({1, 2, 3, 4}, text), t0);
   EXPECT_FALSE(score_of(d, "r1").trusted) << "a hash mismatch is never routed on";
   EXPECT_EQ(d.replica, "r2") << "tier 1's 1.0 for r2 beats r0's 0.25 by tier 2";

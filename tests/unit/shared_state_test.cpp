@@ -1,5 +1,5 @@
 // State a control node's gateway shares with its actors: the router's
-// (wire::shared_router) and the tokenizer's cache (wire::token_cache).
+// (routing::shared_router) and the tokenizer's cache (routing::token_cache).
 #include "routing/shared_router.hpp"
 #include "routing/token_cache.hpp"
 #include "wire/block_hash.hpp"
@@ -11,19 +11,21 @@
 #include <thread>
 #include <tuple>
 
+using namespace llmgw;
+using namespace llmgw::routing;
 using namespace llmgw::wire;
 using namespace std::chrono_literals;
 
 namespace {
 
-topology two_replicas() {
-  topology t;
+config::topology two_replicas() {
+  config::topology t;
   t.block_size = 4;
-  node_spec a;
+  config::node_spec a;
   a.name = "agent-a";
   a.roles.agent = true;
   for (int i = 0; i < 2; ++i) {
-    engine_spec e;
+    config::engine_spec e;
     e.replica = "r" + std::to_string(i);
     e.model = "llama";
     e.url = "http://127.0.0.1:800" + std::to_string(i);
@@ -124,13 +126,13 @@ TEST(shared_router, updates_and_decisions_from_two_threads_leave_consistent_stat
   const int n = 20000;
   std::atomic<bool> done{false};
   std::thread updater([&] {
-    std::vector<block_ref> blocks;
+    std::vector<kv::block_ref> blocks;
     std::uint64_t epoch = 0;
     while (!done.load()) {
-      blocks.assign({{1, medium::gpu}, {2, medium::gpu}, {epoch + 3, medium::gpu}});
+      blocks.assign({{1, kv::medium::gpu}, {2, kv::medium::gpu}, {epoch + 3, kv::medium::gpu}});
       ++epoch;
       lr.with([&](router_core& core, router_stats&) {
-        core.kv().apply({"r0", 0, epoch, true, parity_state::verified, &blocks, nullptr},
+        core.kv().apply({"r0", 0, epoch, true, kv::parity_state::verified, &blocks, nullptr},
                         std::chrono::steady_clock::now());
       });
     }

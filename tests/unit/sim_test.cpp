@@ -140,7 +140,7 @@ TEST(sim_cache, the_agents_mirror_follows_its_events_to_the_same_state) {
     for (auto shape : {wire::event_shape::array, wire::event_shape::map}) {
       std::mt19937 rng(ints * 2 + static_cast<int>(shape));
       kv_cache cache({96, 8, "0", ints, true});
-      wire::block_table mirror(wire::parity_config{"0", 8});
+      kv::block_table mirror(kv::parity_config{"0", 8});
       std::vector<allocation> running;
       for (int step = 0; step < 3000; ++step) {
         std::vector<wire::kv_event> evs;
@@ -179,7 +179,7 @@ TEST(sim_cache, the_agents_mirror_follows_its_events_to_the_same_state) {
       for (const auto& r : mirror.held())
         held.push_back(r.key);
       EXPECT_EQ(held, cache.hashed_keys()) << "ints " << ints;
-      EXPECT_EQ(mirror.parity(), wire::parity_state::verified)
+      EXPECT_EQ(mirror.parity(), kv::parity_state::verified)
         << "the agent recomputed the sim's hashes and found them equal";
     }
 }

@@ -90,14 +90,14 @@ std::string source_path(const std::string& relative) {
 
 namespace llmgw::test {
 
-std::set<wire::block_ref> capture_final_blocks(const boost::json::value& capture) {
-  std::set<wire::block_ref> out;
+std::set<kv::block_ref> capture_final_blocks(const boost::json::value& capture) {
+  std::set<kv::block_ref> out;
   for (const auto& b : capture.at("expected").at("final_blocks").as_array()) {
     auto hash = boost::json::value_to<std::string>(b.at("hash"));
     auto key = boost::json::value_to<std::string>(b.at("hash_kind")) == "int"
                  ? std::stoull(hash)
                  : wire::key_of(*wire::digest_from_hex(hash));
-    out.insert({key, wire::medium_of(boost::json::value_to<std::string>(b.at("medium")))});
+    out.insert({key, kv::medium_of(boost::json::value_to<std::string>(b.at("medium")))});
   }
   return out;
 }

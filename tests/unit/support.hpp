@@ -30,7 +30,7 @@ std::string capture_path(const std::string& name);
 std::vector<std::string> capture_names();
 
 /// The blocks a capture's engine holds at the end (its "expected.final_blocks").
-std::set<wire::block_ref> capture_final_blocks(const boost::json::value& capture);
+std::set<kv::block_ref> capture_final_blocks(const boost::json::value& capture);
 
 /// Absolute path of a file in the source tree.
 std::string source_path(const std::string& relative);

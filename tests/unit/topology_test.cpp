@@ -10,7 +10,8 @@
 #include <fstream>
 #include <regex>
 
-using namespace llmgw::wire;
+using namespace llmgw;
+using namespace llmgw::config;
 
 namespace {
 

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+using namespace llmgw;
 using namespace llmgw::wire;
 using namespace std::string_literals;
 
