@@ -62,12 +62,16 @@ control_options control_options_of(std::shared_ptr<const config::topology> topo,
   return opts;
 }
 
+std::shared_ptr<routing::token_cache> token_cache_of(const config::topology& topo) {
+  return std::make_shared<routing::token_cache>(topo.router.tokenize_cache_entries,
+                                                topo.router.tokenize_cache_mib << 20);
+}
+
 control_plane spawn_control_plane(caf::actor_system& sys, const control_options& opts) {
   const auto& topo = *opts.topo;
   control_plane p;
   p.shared_router = std::make_shared<routing::shared_router>(topo);
-  p.token_cache = std::make_shared<routing::token_cache>(topo.router.tokenize_cache_entries,
-                                                         topo.router.tokenize_cache_mib << 20);
+  p.token_cache = token_cache_of(topo);
   p.router = sys.spawn(router, p.shared_router);
   p.control = sys.spawn(control, opts, p.router);
   p.tokenizer = sys.spawn(tokenizer, topo, p.token_cache);

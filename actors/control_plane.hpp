@@ -50,6 +50,10 @@ control_options control_options_of(std::shared_ptr<const config::topology> topo,
                                    const std::string& name,
                                    std::shared_ptr<const config::node_identity> identity);
 
+/// The tokenizer's cache as the topology sizes it ([router]
+/// tokenize_cache_entries and tokenize_cache_mib).
+std::shared_ptr<routing::token_cache> token_cache_of(const config::topology& topo);
+
 /// Spawns a control node's router, control and tokenizer actors.
 control_plane spawn_control_plane(caf::actor_system& sys, const control_options& opts);
 

@@ -26,7 +26,6 @@ using start_atom = caf::atom_constant<caf::atom("start")>;
 using status_atom = caf::atom_constant<caf::atom("status")>;
 using refused_atom = caf::atom_constant<caf::atom("refused")>;
 using drop_atom = caf::atom_constant<caf::atom("drop")>;
-using route_atom = caf::atom_constant<caf::atom("route")>;
 using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
 using tokenize_atom = caf::atom_constant<caf::atom("tokenize")>;
 using tokenized_atom = caf::atom_constant<caf::atom("tokenized")>;
@@ -34,9 +33,7 @@ using timeout_atom = caf::atom_constant<caf::atom("timeout")>;
 
 /// The only owner of one engine's block table.
 using mirror_actor = caf::typed_actor<
-  // Apply a decoded batch from the engine's subscriber.
-  caf::reacts_to<apply_atom, batch_ptr>,
-  // Apply several batches, in order (what the subscriber sends per poll).
+  // Apply the batches the engine's subscriber read in one poll, in order.
   caf::reacts_to<apply_atom, batch_list>,
   // Reset: the stream had a gap or restart, or the engine exited; the reason
   // is a kv::reset_reason as an integer.
@@ -93,11 +90,10 @@ using router_actor = caf::typed_actor<
   // An agent's net change for one replica rank, checked by the control actor.
   caf::reacts_to<replica_update>,
   // Forget a replica's KV state; the reason is a routing::drop_reason.
-  caf::reacts_to<drop_atom, std::string, std::uint8_t>,
-  // Decide where a request goes (and remember it). The node's own gateway
-  // decides through the shared routing::shared_router instead, on its thread.
-  // Its metrics and /v1/kv/replicas are read from that shared state too.
-  caf::replies_to<route_atom, routing::route_query>::with<routing::route_decision>>;
+  // Decisions are not asked of the router: the node's gateways decide on
+  // their own threads against the shared routing::shared_router, and read
+  // its metrics and /v1/kv/replicas from it.
+  caf::reacts_to<drop_atom, std::string, std::uint8_t>>;
 
 /// Tokenizes prompts through the engines' /tokenize, with a cache.
 using tokenizer_actor = caf::typed_actor<

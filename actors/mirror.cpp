@@ -46,7 +46,6 @@ mirror_actor::behavior_type mirror(mirror_actor::stateful_pointer<mirror_state> 
   self->state.dp_rank = dp_rank;
   self->state.table = kv::block_table(std::move(parity));
   return {
-    [self](apply_atom, const batch_ptr& batch) { apply_batch(self->state, *batch); },
     [self](apply_atom, const batch_list& batches) {
       for (const auto& b : *batches)
         apply_batch(self->state, b);

@@ -59,11 +59,6 @@ router_actor::behavior_type router(router_actor::stateful_pointer<router_state> 
           ++stats.drops[{replica, static_cast<routing::drop_reason>(reason & 1)}];
       });
     },
-    [&lr](route_atom, const routing::route_query& q) {
-      auto d = lr.decide(q);
-      lr.record(q, d);
-      return d;
-    },
   };
 }
 

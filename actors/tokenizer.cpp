@@ -24,8 +24,7 @@ const tokenizer_state::replica* pick(tokenizer_state& st, const std::string& mod
   auto n = st.replicas.size();
   for (std::size_t i = 0; i < n; ++i) {
     auto& r = st.replicas[(st.turn + i) % n];
-    bool serves = r.model == model || std::count(r.lora.begin(), r.lora.end(), model) > 0;
-    if (!serves)
+    if (!config::serves(r.model, r.lora, model))
       continue;
     if (r.bad_until <= now) {
       st.turn = (st.turn + i + 1) % n;
@@ -122,14 +121,6 @@ tokenizer_actor::behavior_type tokenizer(tokenizer_actor::stateful_pointer<token
       w.promise.deliver(std::move(r));
     },
   };
-}
-
-tokenizer_actor::behavior_type
-tokenizer_alone(tokenizer_actor::stateful_pointer<tokenizer_state> self,
-                const config::topology& topo) {
-  return tokenizer(self, topo,
-                   std::make_shared<routing::token_cache>(topo.router.tokenize_cache_entries,
-                                                          topo.router.tokenize_cache_mib << 20));
 }
 
 } // namespace llmgw

@@ -48,9 +48,4 @@ tokenizer_actor::behavior_type tokenizer(tokenizer_actor::stateful_pointer<token
                                          const config::topology& topo,
                                          std::shared_ptr<routing::token_cache> cache);
 
-/// A tokenizer with a cache of its own (router.tokenize_cache_entries).
-tokenizer_actor::behavior_type
-tokenizer_alone(tokenizer_actor::stateful_pointer<tokenizer_state> self,
-                const config::topology& topo);
-
 } // namespace llmgw

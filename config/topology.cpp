@@ -35,6 +35,19 @@ const node_spec* topology::owner_of(const std::string& replica) const {
   return nullptr;
 }
 
+bool serves(const std::string& model, const std::vector<std::string>& lora,
+            const std::string& name) {
+  return name == model || std::find(lora.begin(), lora.end(), name) != lora.end();
+}
+
+bool topology::is_adapter(const std::string& name) const {
+  for (const auto& n : nodes)
+    for (const auto& e : n.engines)
+      if (std::find(e.lora.begin(), e.lora.end(), name) != e.lora.end())
+        return true;
+  return false;
+}
+
 const engine_spec* topology::find_engine(const std::string& replica) const {
   for (const auto& n : nodes)
     for (const auto& e : n.engines)

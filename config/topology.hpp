@@ -29,6 +29,13 @@
 
 namespace llmgw::config {
 
+/// Whether an engine with base model `model` and LoRA adapters `lora`
+/// serves requests that name `name` (OpenAI's "model"): its base model or
+/// one of its adapters. The one rule the router, the tokenizer and the
+/// gateway use.
+bool serves(const std::string& model, const std::vector<std::string>& lora,
+            const std::string& name);
+
 /// One engine (one vLLM server, possibly with data-parallel ranks).
 struct engine_spec {
   std::string replica;           ///< unique in the cluster
@@ -42,6 +49,8 @@ struct engine_spec {
   std::vector<std::string> launch; ///< empty: attached (started by the operator)
   bool replay = true;              ///< launched engines get a replay endpoint
   std::string replay_endpoint;     ///< attached engines: theirs, if any
+
+  bool serves(const std::string& name) const { return config::serves(model, lora, name); }
 };
 
 /// A node's roles.
@@ -145,6 +154,9 @@ struct topology {
 
   /// The engine called `replica`, or null.
   const engine_spec* find_engine(const std::string& replica) const;
+  /// True when some engine serves `name` as a LoRA adapter: a request for
+  /// it is hashed with the adapter's name, as vLLM does.
+  bool is_adapter(const std::string& name) const;
 
   /// The control nodes, in file order.
   std::vector<const node_spec*> controls() const;

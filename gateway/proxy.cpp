@@ -124,7 +124,7 @@ private:
       if (!last_error_.empty())
         return finish_error(502, "BadGatewayError",
                             "no replica could answer; the last one failed: " + last_error_);
-      bool unknown = d.error.rfind("no replica serves", 0) == 0;
+      bool unknown = d.failure == routing::route_failure::unknown_model;
       return finish_error(unknown ? 404 : 503,
                           unknown ? "NotFoundError" : "ServiceUnavailableError", d.error);
     }

@@ -29,15 +29,6 @@ wire::block_hasher& hasher_for(const config::topology& topo) {
   return *h;
 }
 
-bool is_lora(const config::topology& topo, const std::string& model) {
-  for (const auto& n : topo.nodes)
-    for (const auto& e : n.engines)
-      for (const auto& l : e.lora)
-        if (l == model)
-          return true;
-  return false;
-}
-
 /// The router's query for a request: block keys hashed here (on the
 /// caller's thread, not the router's), tier-1 chunk hashes, timings.
 routing::route_query make_query(const config::topology& topo, const wire::routing_request& req,
@@ -52,7 +43,7 @@ routing::route_query make_query(const config::topology& topo, const wire::routin
   if (tokens) {
     q.tokenized = true;
     wire::extra_key_recipe extras;
-    if (is_lora(topo, req.model))
+    if (topo.is_adapter(req.model))
       extras.lora_name = req.model;
     extras.cache_salt = req.cache_salt;
     thread_local std::vector<wire::hashed_block> blocks;

@@ -1,9 +1,8 @@
-// Messages that stay inside one process: a decoded batch goes from the
-// subscriber to its mirror as a shared pointer, and routing queries and
-// decisions go between the gateway and the router; none is serialized.
+// Messages that stay inside one process, never serialized: decoded batches
+// go from the subscriber to its mirror as a shared pointer, and the
+// tokenizer answers the gateway with a tokenize_reply.
 #pragma once
 
-#include "routing/router_core.hpp"
 #include "wire/kv_events.hpp"
 
 #include <caf/allowed_unsafe_message_type.hpp>
@@ -13,9 +12,6 @@
 #include <vector>
 
 namespace llmgw {
-
-/// A decoded batch, shared read-only between the subscriber and its mirror.
-using batch_ptr = std::shared_ptr<const wire::event_batch>;
 
 /// What a tokenization gave: the tokens, or why there are none.
 struct tokenize_reply {
@@ -27,15 +23,11 @@ struct tokenize_reply {
   bool cached = false;
 };
 
-/// Several decoded batches in seq order, as one message.
+/// The decoded batches of one poll in seq order, shared read-only between
+/// the subscriber and its mirror.
 using batch_list = std::shared_ptr<const std::vector<wire::event_batch>>;
 
 } // namespace llmgw
 
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmgw::batch_ptr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmgw::batch_list)
-// The gateway and its router share a process: queries and decisions are
-// passed as values, never serialized.
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmgw::routing::route_query)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmgw::routing::route_decision)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmgw::tokenize_reply)

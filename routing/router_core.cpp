@@ -18,14 +18,6 @@ const char* to_string(route_tier t) noexcept {
   return "?";
 }
 
-namespace {
-
-bool serves_model(const router_core::replica_entry& r, const std::string& model) {
-  return r.model == model || std::find(r.lora.begin(), r.lora.end(), model) != r.lora.end();
-}
-
-} // namespace
-
 router_core::router_core(const config::topology& topo)
   : settings_(topo.router), block_size_(topo.block_size),
     tree_(topo.router.tier1_capacity, topo.router.tier1_ttl) {
@@ -33,18 +25,6 @@ router_core::router_core(const config::topology& topo)
     for (const auto& e : n.engines)
       replicas_.push_back({e.replica, n.name, e.model, e.lora, e.url, e.kv_events, 0, {}});
   replica_holders_.resize(replicas_.size());
-}
-
-std::optional<std::string> router_core::lora_of(const std::string& model) const {
-  for (const auto& r : replicas_)
-    if (std::find(r.lora.begin(), r.lora.end(), model) != r.lora.end())
-      return model;
-  return std::nullopt;
-}
-
-bool router_core::serves(const std::string& model) const {
-  return std::any_of(replicas_.begin(), replicas_.end(),
-                     [&](const replica_entry& r) { return serves_model(r, model); });
 }
 
 void router_core::remember(const route_decision& d, const std::vector<std::uint64_t>& chunks,
@@ -88,12 +68,16 @@ route_decision router_core::decide(const route_query& q,
   d.prompt_chunks = static_cast<std::uint32_t>(q.chunks.size());
   candidates_.clear();
   for (std::size_t i = 0; i < replicas_.size(); ++i)
-    if (serves_model(replicas_[i], q.model)
+    if (config::serves(replicas_[i].model, replicas_[i].lora, q.model)
         && std::find(q.exclude.begin(), q.exclude.end(), replicas_[i].name) == q.exclude.end())
       candidates_.push_back(i);
   if (candidates_.empty()) {
-    d.error = serves(q.model) ? "every replica serving model '" + q.model + "' was tried"
-                              : "no replica serves model '" + q.model + "'";
+    bool served = std::any_of(replicas_.begin(), replicas_.end(), [&](const replica_entry& r) {
+      return config::serves(r.model, r.lora, q.model);
+    });
+    d.failure = served ? route_failure::all_excluded : route_failure::unknown_model;
+    d.error = served ? "every replica serving model '" + q.model + "' was tried"
+                     : "no replica serves model '" + q.model + "'";
     if (!q.dry_run)
       ++counters_.no_replica;
     return d;

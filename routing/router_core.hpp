@@ -62,6 +62,13 @@ struct replica_score {
 };
 
 /// The decision.
+/// Why a decision names no replica.
+enum class route_failure : std::uint8_t {
+  none,          ///< a replica was chosen
+  unknown_model, ///< no replica serves the model (the gateway answers 404)
+  all_excluded,  ///< every replica serving it was left out: tried already (503)
+};
+
 struct route_decision {
   std::string replica; ///< empty when no replica serves the model
   std::string url;     ///< its base URL
@@ -71,8 +78,9 @@ struct route_decision {
   std::uint32_t prompt_blocks = 0;
   std::uint32_t prompt_chunks = 0;
   std::vector<replica_score> scores; ///< every candidate
-  std::string error;                 ///< why there is no replica
-  double seconds = 0;                ///< time deciding took (not hashing)
+  route_failure failure = route_failure::none;
+  std::string error;  ///< why there is no replica, in words
+  double seconds = 0; ///< time deciding took (not hashing)
 };
 
 /// Counters the router exports.
@@ -104,13 +112,6 @@ public:
   /// The KV state: agents' changes go here.
   replica_index& kv() noexcept { return kv_; }
   const replica_index& kv() const noexcept { return kv_; }
-
-  /// The LoRA name to hash with when `model` is an adapter, nullopt for a
-  /// base model (or an unknown name).
-  std::optional<std::string> lora_of(const std::string& model) const;
-
-  /// True when some replica serves `model` (a base model or an adapter).
-  bool serves(const std::string& model) const;
 
   /// Every configured replica, in topology order.
   struct replica_entry {

@@ -316,16 +316,11 @@ TEST_F(control_test, the_router_answers_routes_from_what_the_agents_sent) {
   q.model = "m";
   q.tokenized = true;
   q.keys = {10, 11, 12, 13};
-  std::optional<routing::route_decision> got;
-  auto client = sys.spawn([&](caf::event_based_actor* self) {
-    self->request(rt, caf::infinite, route_atom::value, q)
-      .then([&](const routing::route_decision& d) { got = d; });
-  });
-  sched.run();
-  ASSERT_TRUE(got);
-  EXPECT_EQ(got->replica, "a0");
-  EXPECT_EQ(got->tier, routing::route_tier::kv);
-  EXPECT_DOUBLE_EQ(got->score, 0.75);
+  // As the gateway decides: on its own thread, against the router's state.
+  auto got = shared->decide_and_record(q);
+  EXPECT_EQ(got.replica, "a0");
+  EXPECT_EQ(got.tier, routing::route_tier::kv);
+  EXPECT_DOUBLE_EQ(got.score, 0.75);
   EXPECT_EQ(core().counters().decisions[0], 1u);
   EXPECT_EQ(stats().matched_share_kv.count(), 1u);
 }

@@ -5,6 +5,7 @@
 #include "actors/forwarder.hpp"
 #include "actors/mirror.hpp"
 #include "actors/registration.hpp"
+#include "tests/actors/batches.hpp"
 #include "tests/actors/fake_control.hpp"
 #include "tests/unit/support.hpp"
 
@@ -28,8 +29,8 @@ struct node_config : caf::actor_system_config {
   }
 };
 
-std::vector<batch_ptr> s2_batches() {
-  std::vector<batch_ptr> out;
+std::vector<test::batch_ptr> s2_batches() {
+  std::vector<test::batch_ptr> out;
   auto doc = llmgw::test::read_json(llmgw::test::capture_path("S2_churn.map.int.json"));
   for (const auto& f : doc.at("frames").as_array()) {
     auto payload = llmgw::test::from_hex(boost::json::value_to<std::string>(f.at("payload_hex")));
@@ -63,7 +64,7 @@ TEST(cross_node, forwarder_session_and_acks_cross_the_network) {
   // window allows, so they only all arrive if acks come back over the wire.
   auto batches = s2_batches();
   for (std::size_t i = 0; i < 400; ++i) {
-    caf::anon_send(m, apply_atom::value, batches[i]);
+    caf::anon_send(m, apply_atom::value, test::one_batch(batches[i]));
     if (i % 40 == 39)
       std::this_thread::sleep_for(60ms);
   }

@@ -4,6 +4,7 @@
 
 #include "actors/registration.hpp"
 #include "messages/local_messages.hpp"
+#include "tests/actors/batches.hpp"
 #include "tests/unit/support.hpp"
 
 #include <boost/json.hpp>

@@ -21,8 +21,8 @@ struct forwarder_test : llmgw::test::deterministic {
     sys.spawn(mirror, std::string("r0"), std::uint32_t{0}, std::optional<kv::parity_config>{}));
   mirror_actor m1 = stop_at_end(
     sys.spawn(mirror, std::string("r1"), std::uint32_t{0}, std::optional<kv::parity_config>{}));
-  std::vector<batch_ptr> s1 = capture("S1_basic.map.int.json");
-  std::vector<batch_ptr> s3 = capture("S3_lora_salt.map.int.json");
+  std::vector<test::batch_ptr> s1 = capture("S1_basic.map.int.json");
+  std::vector<test::batch_ptr> s3 = capture("S3_lora_salt.map.int.json");
   int connect_calls = 0;
   bool reachable = true;
 
@@ -50,8 +50,8 @@ struct forwarder_test : llmgw::test::deterministic {
     sched.run();
   }
 
-  void apply(const mirror_actor& m, const batch_ptr& b) {
-    caf::anon_send(m, apply_atom::value, b);
+  void apply(const mirror_actor& m, const test::batch_ptr& b) {
+    caf::anon_send(m, apply_atom::value, test::one_batch(b));
     sched.run();
   }
 };

@@ -36,8 +36,8 @@ TEST_F(deterministic, mirror_gives_snapshot_then_net_changes) {
   auto m = sys.spawn(mirror, std::string("r0"), std::uint32_t{0},
                      std::optional<kv::parity_config>(kv::parity_config{"0", 16}));
   auto batches = capture("S1_basic.map.int.json");
-  caf::anon_send(m, apply_atom::value, batches[0]);
-  caf::anon_send(m, apply_atom::value, batches[1]);
+  caf::anon_send(m, apply_atom::value, test::one_batch(batches[0]));
+  caf::anon_send(m, apply_atom::value, test::one_batch(batches[1]));
   sched.run();
   ask(m, subscribe_atom::value, std::uint64_t{1});
   ASSERT_EQ(replies.size(), 1u);
@@ -51,7 +51,7 @@ TEST_F(deterministic, mirror_gives_snapshot_then_net_changes) {
   EXPECT_FALSE(replies[1].reset);
   EXPECT_TRUE(replies[1].added.empty()) << "nothing changed since the snapshot";
   for (std::size_t i = 2; i < batches.size(); ++i)
-    caf::anon_send(m, apply_atom::value, batches[i]);
+    caf::anon_send(m, apply_atom::value, test::one_batch(batches[i]));
   sched.run();
   ask(m, drain_atom::value, std::uint64_t{1});
   ASSERT_EQ(replies.size(), 3u);
@@ -80,11 +80,11 @@ TEST_F(deterministic, mirror_reset_is_announced_first) {
   auto m =
     sys.spawn(mirror, std::string("r1"), std::uint32_t{0}, std::optional<kv::parity_config>{});
   auto batches = capture("S1_basic.array.int.json");
-  caf::anon_send(m, apply_atom::value, batches[0]);
+  caf::anon_send(m, apply_atom::value, test::one_batch(batches[0]));
   sched.run();
   ask(m, subscribe_atom::value, std::uint64_t{7});
   caf::anon_send(m, reset_atom::value, static_cast<std::uint8_t>(kv::reset_reason::gap));
-  caf::anon_send(m, apply_atom::value, batches[1]);
+  caf::anon_send(m, apply_atom::value, test::one_batch(batches[1]));
   caf::anon_send(m, reset_atom::value, std::uint8_t{200}); // not a reason: ignored
   sched.run();
   ask(m, drain_atom::value, std::uint64_t{7});

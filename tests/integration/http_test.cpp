@@ -1,5 +1,6 @@
 // The HTTP server and client on loopback, and the tokenizer actor against a
 // stand-in /tokenize: real sockets and threads, every wait bounded.
+#include "actors/control_plane.hpp"
 #include "actors/registration.hpp"
 #include "actors/tokenizer.hpp"
 #include "net/http_client.hpp"
@@ -301,7 +302,8 @@ TEST(tokenizer, asks_engines_in_turn_and_caches_answers) {
   fake_tokenize a, b;
   actor_config cfg;
   caf::actor_system sys{cfg};
-  auto tok = sys.spawn(tokenizer_alone, two_engines(a.url(), b.url()));
+  auto topo = two_engines(a.url(), b.url());
+  auto tok = sys.spawn(tokenizer, topo, token_cache_of(topo));
   auto r = ask(sys, tok, "abc");
   ASSERT_TRUE(r.ok) << r.error;
   EXPECT_EQ(r.tokens, (std::vector<std::uint32_t>{'a', 'b', 'c'}));
@@ -325,7 +327,8 @@ TEST(tokenizer, a_failing_engine_is_skipped_for_a_while) {
   a.broken = true;
   actor_config cfg;
   caf::actor_system sys{cfg};
-  auto tok = sys.spawn(tokenizer_alone, two_engines(a.url(), b.url()));
+  auto topo = two_engines(a.url(), b.url());
+  auto tok = sys.spawn(tokenizer, topo, token_cache_of(topo));
   auto r = ask(sys, tok, "p1");
   EXPECT_FALSE(r.ok);
   EXPECT_EQ(r.error, "/tokenize answered 500: engine on fire");
@@ -341,7 +344,8 @@ TEST(tokenizer, a_silent_engine_times_out) {
   auto url = "http://127.0.0.1:" + std::to_string(silent.server.port());
   actor_config cfg;
   caf::actor_system sys{cfg};
-  auto tok = sys.spawn(tokenizer_alone, two_engines(url, url));
+  auto topo = two_engines(url, url);
+  auto tok = sys.spawn(tokenizer, topo, token_cache_of(topo));
   auto start = std::chrono::steady_clock::now();
   auto r = ask(sys, tok, "p");
   EXPECT_FALSE(r.ok);

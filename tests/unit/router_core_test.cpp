@@ -91,6 +91,7 @@ TEST(router_core, no_replica_for_an_unknown_model) {
   auto d = route(rc, q, t0);
   EXPECT_TRUE(d.replica.empty());
   EXPECT_EQ(d.tier, route_tier::none);
+  EXPECT_EQ(d.failure, route_failure::unknown_model) << "the gateway answers 404";
   EXPECT_EQ(d.error, "no replica serves model 'gpt-9'");
   EXPECT_EQ(rc.counters().no_replica, 1u);
 }
@@ -265,19 +266,21 @@ TEST(router_core, excluded_and_down_replicas) {
   EXPECT_TRUE(score_of(d, "r0").down);
   q.exclude = {"r0", "r1", "r2", "r3"};
   d = route(rc, q, t0);
+  EXPECT_EQ(d.failure, route_failure::all_excluded) << "the gateway answers 503";
   EXPECT_EQ(d.error, "every replica serving model 'llama' was tried");
 }
 
 TEST(router_core, lora_adapters_route_to_the_replicas_serving_them) {
-  router_core rc(four_replicas());
-  EXPECT_EQ(rc.lora_of("sql"), std::optional<std::string>("sql"));
-  EXPECT_EQ(rc.lora_of("llama"), std::nullopt);
+  auto topo = four_replicas();
+  router_core rc(topo);
+  EXPECT_TRUE(topo.is_adapter("sql"));
+  EXPECT_FALSE(topo.is_adapter("llama")) << "a base model hashes without an adapter name";
   route_query q;
   q.model = "sql";
   for (int i = 0; i < 3; ++i)
     EXPECT_EQ(route(rc, q, t0).replica, "r3");
   q.model = "qwen";
   EXPECT_EQ(route(rc, q, t0).replica, "q0");
-  EXPECT_TRUE(rc.serves("sql"));
-  EXPECT_FALSE(rc.serves("mistral"));
+  q.model = "mistral";
+  EXPECT_EQ(route(rc, q, t0).failure, route_failure::unknown_model);
 }
