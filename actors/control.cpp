@@ -45,7 +45,7 @@ void drop_replicas_of(self_ptr self, const std::string& node, routing::drop_reas
   if (!n)
     return;
   for (const auto& e : n->engines)
-    self->send(self->state.router, drop_atom::value, e.replica, static_cast<std::uint8_t>(why));
+    self->send(self->state.router, drop_atom::value, e.replica, why);
 }
 
 /// Checks one update of an accepted session and passes it on.
@@ -63,6 +63,8 @@ void handle_update(self_ptr self, const control_state::session& s, const replica
     refuse(self, u.node, "bad_rank", u.replica,
            "data-parallel rank " + std::to_string(u.dp_rank) + " but dp_size is "
              + std::to_string(engine->dp_size));
+  else if (auto bad = out_of_range_fields(u); !bad.empty())
+    refuse(self, u.node, "malformed", u.replica, bad);
   else {
     ++st.updates_passed;
     self->send(st.router, u);

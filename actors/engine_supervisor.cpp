@@ -210,8 +210,7 @@ engine_supervisor(engine_supervisor_actor::stateful_pointer<engine_supervisor_st
                 r == st.pid ? describe_exit(status) : "lost");
       st.pid = 0;
       if (st.mirror) // its KV cache is gone with it
-        self->send(st.mirror, reset_atom::value,
-                   static_cast<std::uint8_t>(kv::reset_reason::engine_exit));
+        self->send(st.mirror, reset_atom::value, kv::reset_reason::engine_exit);
       schedule_restart(self);
     },
     [self](status_atom) {

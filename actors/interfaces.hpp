@@ -3,6 +3,7 @@
 
 #include "messages/kv_messages.hpp"
 #include "messages/local_messages.hpp"
+#include "routing/router_report.hpp"
 
 #include <caf/atom.hpp>
 #include <caf/replies_to.hpp>
@@ -35,9 +36,8 @@ using timeout_atom = caf::atom_constant<caf::atom("timeout")>;
 using mirror_actor = caf::typed_actor<
   // Apply the batches the engine's subscriber read in one poll, in order.
   caf::reacts_to<apply_atom, batch_list>,
-  // Reset: the stream had a gap or restart, or the engine exited; the reason
-  // is a kv::reset_reason as an integer.
-  caf::reacts_to<reset_atom, std::uint8_t>,
+  // Reset: the stream had a gap or restart, or the engine exited.
+  caf::reacts_to<reset_atom, kv::reset_reason>,
   // Subscribe peer N: answers with the full state (reset = true).
   caf::replies_to<subscribe_atom, std::uint64_t>::with<replica_update>,
   // What peer N has not seen yet (empty when nothing changed).
@@ -89,11 +89,11 @@ using control_actor = caf::typed_actor<
 using router_actor = caf::typed_actor<
   // An agent's net change for one replica rank, checked by the control actor.
   caf::reacts_to<replica_update>,
-  // Forget a replica's KV state; the reason is a routing::drop_reason.
+  // Forget a replica's KV state.
   // Decisions are not asked of the router: the node's gateways decide on
   // their own threads against the shared routing::shared_router, and read
   // its metrics and /v1/kv/replicas from it.
-  caf::reacts_to<drop_atom, std::string, std::uint8_t>>;
+  caf::reacts_to<drop_atom, std::string, routing::drop_reason>>;
 
 /// Tokenizes prompts through the engines' /tokenize, with a cache.
 using tokenizer_actor = caf::typed_actor<

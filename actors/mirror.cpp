@@ -50,11 +50,9 @@ mirror_actor::behavior_type mirror(mirror_actor::stateful_pointer<mirror_state> 
       for (const auto& b : *batches)
         apply_batch(self->state, b);
     },
-    [self](reset_atom, std::uint8_t reason) {
-      if (reason >= 5)
-        return; // not a reset_reason: a bug in the sender, ignored here
-      self->state.table.reset(static_cast<kv::reset_reason>(reason));
-      ++self->state.counters.resets[reason];
+    [self](reset_atom, kv::reset_reason reason) {
+      self->state.table.reset(reason);
+      ++self->state.counters.resets[static_cast<std::size_t>(reason)];
     },
     [self](subscribe_atom, std::uint64_t peer) {
       auto& st = self->state;

@@ -48,7 +48,7 @@ router_actor::behavior_type router(router_actor::stateful_pointer<router_state> 
         apply_update(core, stats, u, std::chrono::steady_clock::now());
       });
     },
-    [&lr](drop_atom, const std::string& replica, std::uint8_t reason) {
+    [&lr](drop_atom, const std::string& replica, routing::drop_reason reason) {
       lr.with([&](routing::router_core& core, routing::router_stats& stats) {
         auto& kv = core.kv();
         bool had = false;
@@ -56,7 +56,7 @@ router_actor::behavior_type router(router_actor::stateful_pointer<router_state> 
           had = had || kv.info(h).has_state;
         kv.drop_replica(replica);
         if (had)
-          ++stats.drops[{replica, static_cast<routing::drop_reason>(reason & 1)}];
+          ++stats.drops[{replica, reason}];
       });
     },
   };

@@ -106,7 +106,7 @@ void subscriber(caf::blocking_actor* self, const std::shared_ptr<subscriber_sock
         } else {
           LLMGW_LOG(info, who, "resetting the mirror: {}", kv::to_string(a.reason));
         }
-        self->send(mirror, reset_atom::value, static_cast<std::uint8_t>(a.reason));
+        self->send(mirror, reset_atom::value, a.reason);
         break;
       case kv::stream_action::kind::request_replay: {
         auto start = wire::replay_request(a.seq);

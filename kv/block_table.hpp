@@ -36,6 +36,8 @@ namespace llmgw::kv {
 /// Where a block lives. vLLM's storage tier names beyond GPU and CPU are
 /// folded into `storage`.
 enum class medium : std::uint8_t { gpu, cpu, storage };
+/// The last medium: values from the network above it are refused.
+inline constexpr medium last_medium = medium::storage;
 
 /// The medium an event names; nil means GPU.
 medium medium_of(std::string_view name) noexcept;
@@ -73,6 +75,10 @@ struct table_delta {
 
 /// Why a table was reset; a metric label.
 enum class reset_reason : std::uint8_t { gap, restart, clear, engine_exit, decode_error };
+/// How many reset reasons there are: the size of every per-reason array.
+inline constexpr std::size_t reset_reason_count = 5;
+static_assert(static_cast<std::size_t>(reset_reason::decode_error) + 1 == reset_reason_count,
+              "reset_reason_count counts every reset_reason");
 const char* to_string(reset_reason r) noexcept;
 
 /// Whether the engine's hashes are what llmgw computes.
@@ -81,6 +87,8 @@ enum class parity_state : std::uint8_t {
   verified, ///< blocks were checked, every one matched
   mismatch, ///< a block did not match: do not route on this table
 };
+/// The last parity state: values from the network above it are refused.
+inline constexpr parity_state last_parity_state = parity_state::mismatch;
 const char* to_string(parity_state p) noexcept;
 
 /// Counts from applying one batch.
@@ -96,12 +104,12 @@ struct apply_counts {
 /// A mirror's running totals since the agent started. Every update carries
 /// them, so the control node exports the agent's counts as its own metrics.
 struct mirror_totals {
-  std::uint64_t batches = 0;         ///< event batches applied
-  std::uint64_t stored = 0;          ///< block hashes stored
-  std::uint64_t removed = 0;         ///< block hashes removed
-  std::uint64_t ignored_removes = 0; ///< removes of blocks not held
-  std::uint64_t verified_blocks = 0; ///< blocks whose hash was recomputed and matched
-  std::uint64_t resets[5] = {};      ///< by reset_reason
+  std::uint64_t batches = 0;                     ///< event batches applied
+  std::uint64_t stored = 0;                      ///< block hashes stored
+  std::uint64_t removed = 0;                     ///< block hashes removed
+  std::uint64_t ignored_removes = 0;             ///< removes of blocks not held
+  std::uint64_t verified_blocks = 0;             ///< blocks whose hash was recomputed and matched
+  std::uint64_t resets[reset_reason_count] = {}; ///< by reset_reason
 };
 
 /// Identifies a subscriber of a table.

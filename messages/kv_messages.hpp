@@ -26,6 +26,7 @@
 namespace llmgw::kv {
 
 /// A mirror's running totals, sent with every update.
+static_assert(reset_reason_count == 5, "inspect(mirror_totals) lists each reset reason");
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, mirror_totals& x) {
   return f(caf::meta::type_name("mirror_totals"), x.batches, x.stored, x.removed, x.ignored_removes,
@@ -108,6 +109,12 @@ typename Inspector::result_type inspect(Inspector& f, replica_update& x) {
   return f(caf::meta::type_name("replica_update"), x.node, x.replica, x.dp_rank, x.session, x.seq,
            x.epoch, x.reset, x.parity, x.added, x.removed, x.totals, x.mac);
 }
+
+/// What in `u` is not a value of its enum (`parity`, a block's medium), or
+/// "" when every such field is in range. CAF decodes an enum as its integer,
+/// so a peer can send any value: the control node refuses such an update
+/// before anything reads those fields.
+std::string out_of_range_fields(const replica_update& u);
 
 /// HMAC-SHA256 under a session key of every field of `u` but its mac, in a
 /// fixed byte form: what the forwarder sets and the control node checks.

@@ -73,7 +73,7 @@ std::string kv_replicas_json(const router_core& core, const router_stats& stats,
         a["stored"] = t.stored;
         a["removed"] = t.removed;
         a["verified_blocks"] = t.verified_blocks;
-        for (int reason = 0; reason < 5; ++reason)
+        for (std::size_t reason = 0; reason < kv::reset_reason_count; ++reason)
           resets[to_string(static_cast<kv::reset_reason>(reason))] = t.resets[reason];
         a["resets"] = std::move(resets);
         x["agent"] = std::move(a);
@@ -198,7 +198,7 @@ void append_router_metrics(wire::metrics_text& m, const router_core& core,
         m.counter("llmgw_kv_blocks_verified_total",
                   "Stored blocks whose hash the agent recomputed and found equal.",
                   static_cast<double>(t.verified_blocks), labels);
-        for (int reason = 0; reason < 5; ++reason)
+        for (std::size_t reason = 0; reason < kv::reset_reason_count; ++reason)
           m.counter("llmgw_kv_resets_total",
                     "KV state resets by reason: the agent's (gap, restart, clear, engine_exit, "
                     "decode_error) and the router's (session, node_down).",

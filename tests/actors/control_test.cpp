@@ -222,6 +222,25 @@ TEST_F(control_test, updates_of_a_nodes_own_replicas_reach_the_router_and_are_ac
   EXPECT_EQ(stats().unexpected_updates, 1u) << "rank 1's change before its full copy";
 }
 
+TEST_F(control_test, enum_values_out_of_range_are_refused_and_counted) {
+  auto a = connect("agent-a", 1);
+  send(a, "a0", {1, 2});
+  // CAF decodes an enum as its integer: a peer can send any byte.
+  auto bad_medium = update(a, "a0", {3}, false);
+  bad_medium.added[0].where = static_cast<kv::medium>(7);
+  bad_medium.mac = update_mac(a.key, bad_medium);
+  send_raw(a, bad_medium);
+  auto bad_parity = update(a, "a0", {4}, false);
+  bad_parity.parity = 3;
+  bad_parity.mac = update_mac(a.key, bad_parity);
+  send_raw(a, bad_parity);
+  EXPECT_EQ(refused("agent-a", "malformed"), 2u);
+  EXPECT_EQ(blocks_of("a0"), 2u) << "neither update touched the index";
+  EXPECT_TRUE(trusted("a0")) << "the session goes on";
+  send(a, "a0", {5}, false);
+  EXPECT_EQ(blocks_of("a0"), 3u);
+}
+
 TEST_F(control_test, a_node_cannot_speak_for_another_nodes_replicas) {
   auto a = connect("agent-a", 1);
   auto b = connect("agent-b", 2);
