@@ -4,7 +4,7 @@
 //
 // - A session is accepted when the agent names a node of the topology with
 //   the agent role, proves it holds that node's certificate and key (the
-//   handshake of wire/node_identity.hpp: CAF's TLS accepts any certificate
+//   handshake of config/node_identity.hpp: CAF's TLS accepts any certificate
 //   of the cluster's CA and does not say which), and, unless disabled,
 //   connects from an address of that node's host. Updates that arrive while
 //   the address is being looked up wait, bounded. A refused session is told

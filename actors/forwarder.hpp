@@ -1,7 +1,7 @@
 // The forwarder: one per control node on an agent node. Every flush interval
 // it drains every mirror of its node and sends the non-empty changes, one
 // message per replica; a session (each new connection) begins with the
-// handshake of wire/node_identity.hpp (agent_hello, the control node's
+// handshake of config/node_identity.hpp (agent_hello, the control node's
 // control_proof, checked: it must prove to be the control node this
 // forwarder is for; agent_proof) and then a full copy of every replica.
 // Every update carries the session key's MAC. A handshake that does not

@@ -2,8 +2,8 @@
 // block index, the tier-1 tree, replica load and the router's statistics) is
 // shared with the node's gateway, which decides and reads the router's
 // metrics and /v1/kv/replicas on its own HTTP thread. The actor applies the
-// agents' checked changes and drops and answers route queries from other
-// actors. A thin shell: each handler calls plain code.
+// agents' checked changes and drops; it takes no route queries. A thin
+// shell: each handler calls plain code.
 #pragma once
 
 #include "actors/interfaces.hpp"

@@ -1,6 +1,6 @@
 // Owning handles for OpenSSL's objects and one way to read its error queue:
-// what the PKI (wire/pki), the topology's TLS checks and node identity
-// (wire/node_identity) share. Only files that use OpenSSL include this.
+// what the PKI (config/pki), the topology's TLS checks and node identity
+// (config/node_identity) share. Only files that use OpenSSL include this.
 #pragma once
 
 #include <openssl/bio.h>

@@ -170,7 +170,7 @@ double updates_per_second(std::size_t replicas, int rounds) {
   return median(rates);
 }
 
-/// The control node's check of an update's MAC (wire/node_identity.hpp),
+/// The control node's check of an update's MAC (config/node_identity.hpp),
 /// per update: a churn update (16 + 16 blocks) and a full copy of 20k
 /// blocks, in updates per second.
 std::pair<double, double> macs_per_second(int rounds) {

@@ -1,4 +1,4 @@
-// The gateway: a control node's HTTP front (actors/http_server). It decides
+// The gateway: a control node's HTTP front (net/http_server). It decides
 // on its own HTTP thread against the router's shared state
 // (routing::shared_router) and looks prompts up in the tokenizer's shared cache
 // (routing::token_cache): a request with token ids or a prompt seen before
@@ -12,7 +12,7 @@
 //   GET  /v1/models        models and LoRA adapters of the topology
 //   GET  /v1/kv/replicas   what the index holds per replica
 //   POST /v1/completions, /v1/chat/completions
-//                          proxied to the chosen replica (actors/proxy.hpp)
+//                          proxied to the chosen replica (gateway/proxy.hpp)
 //   POST /v1/route         a completion or chat body: the decision and every
 //                          replica's tier-1 and tier-2 score, nothing proxied
 // Errors the gateway makes itself are OpenAI-style JSON. With an admin

@@ -1,11 +1,11 @@
 // What crosses nodes between an agent's forwarder and a control node, and
 // between the mirror and its subscribers. Plain structs with CAF 0.17
 // inspect() overloads; registered on every node by register_message_types()
-// (messages/registration.hpp), because a type missing on one side arrives as
+// (actors/registration.hpp), because a type missing on one side arrives as
 // an empty message.
 //
 // A session: the forwarder sends agent_hello, the control node answers with
-// control_proof, the forwarder with agent_proof (wire/node_identity.hpp: each
+// control_proof, the forwarder with agent_proof (config/node_identity.hpp: each
 // side proves its certificate's name and both derive a session key). Then
 // replica_update messages numbered 1, 2, ... within the session, each with a
 // MAC under the session key; the control node acknowledges with session_ack

@@ -30,7 +30,7 @@ public:
   /// The loop whose thread calls this; null on any other thread.
   static io_loop* current() noexcept;
 
-  struct impl; ///< the io_context and threads (actors/io_loop_impl.hpp)
+  struct impl; ///< the io_context and threads (net/io_loop_impl.hpp)
   impl& get() noexcept { return *impl_; }
 
 private:

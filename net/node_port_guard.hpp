@@ -3,7 +3,7 @@
 // timeout, no cap), and sizes its read buffer from whatever payload length
 // a BASP header announces (one 32-byte header made a node allocate 1 GiB,
 // zero-filled, until the connection closed). CAF offers no option for
-// either; llmgw's TLS hooks (actors/tls_hooks.cpp, which sit between CAF and
+// either; llmgw's TLS hooks (net/tls_hooks.cpp, which sit between CAF and
 // libssl) enforce these limits, and count what they refuse here.
 //
 // The BASP framing as CAF 0.17.6 writes it (libcaf_io basp/header.hpp, its

@@ -24,7 +24,7 @@
 //    node lists fingerprints, be one of them: a revoked key, or a
 //    certificate the CA issued for something else, does not reach CAF.
 //
-// 3. Handshakes (wire/node_port_guard.hpp). CAF keeps an accepted connection
+// 3. Handshakes (net/node_port_guard.hpp). CAF keeps an accepted connection
 //    that never starts or finishes TLS forever (13.5k of them cost 90% of a
 //    core and 530 MB). The first SSL_accept of a connection (CAF calls it as
 //    it accepts) registers it; more than max_pending_handshakes at once are

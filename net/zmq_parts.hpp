@@ -1,5 +1,5 @@
 // Reading whole multipart ZMQ messages without blocking, as views that
-// zmq_message.hpp can split. Header-only and the only wire/ header that
+// wire/zmq_message.hpp can split. Header-only; the one llmgw header that
 // needs cppzmq: include it only where a ZMQ socket is read.
 #pragma once
 

@@ -1,5 +1,5 @@
 // The router's decision, as pure code: which replica gets a request, and why.
-// The router actor is a thin shell around one router_core.
+// routing::shared_router holds one, for the router actor and the gateways.
 //
 // Candidates are the replicas that serve the requested model (its name, or a
 // LoRA adapter one of them serves) and are not marked down (if all are down,

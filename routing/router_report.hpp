@@ -1,6 +1,6 @@
 // What the router tells operators, as pure code: the JSON of /v1/kv/replicas
-// and /v1/route, and the router's Prometheus metrics. The router actor keeps
-// a router_stats beside its router_core and calls these.
+// and /v1/route, and the router's Prometheus metrics. routing::shared_router
+// keeps a router_stats beside its router_core and calls these.
 #pragma once
 
 #include "kv/block_table.hpp"

@@ -96,7 +96,7 @@ int run_node(const config::topology& topo_in, const std::string& name, std::size
     }
     identity = std::move(*loaded);
   }
-  // Read by llmgw's TLS hooks below CAF (actors/tls_hooks.cpp) from the
+  // Read by llmgw's TLS hooks below CAF (net/tls_hooks.cpp) from the
   // first connection on.
   auto& port_limits = node_port_settings();
   port_limits.handshake_timeout = topo->tls_handshake_timeout;

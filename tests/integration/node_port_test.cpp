@@ -1,7 +1,7 @@
 // A control node's CAF port against what CAF 0.17.6 leaves unbounded:
 // connections that never finish TLS, too many handshakes at once, and a
 // peer with a valid certificate whose BASP header announces 1 GiB. Real
-// `llmgw node` processes; the limits are enforced by actors/tls_hooks.cpp.
+// `llmgw node` processes; the limits are enforced by net/tls_hooks.cpp.
 #include "config/pki.hpp"
 #include "tests/integration/sockets.hpp"
 #include "tests/integration/test_cluster.hpp"

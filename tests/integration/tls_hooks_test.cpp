@@ -1,4 +1,4 @@
-// The TLS error-queue fix (actors/tls_hooks.cpp): an error left on this
+// The TLS error-queue fix (net/tls_hooks.cpp): an error left on this
 // thread's OpenSSL queue by another connection must not make a healthy
 // connection's read fail, and libraries (CAF) must reach our SSL_read.
 #include <dlfcn.h>
