@@ -1,6 +1,7 @@
 #include "config/topology.hpp"
 
 #include "config/node_identity.hpp"
+#include "wire/address.hpp"
 
 #include <fmt/format.h>
 #include <toml.hpp>
@@ -262,25 +263,13 @@ bool valid_name(const std::string& s) {
   });
 }
 
-bool is_loopback(const std::string& host) {
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
-}
-
-/// "host:port" with a port in 1..65535.
+/// "host:port" into `host` and `port`; false if it is not one.
 bool split_host_port(const std::string& s, std::string& host, std::uint16_t& port) {
-  auto colon = s.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == s.size())
+  auto hp = wire::parse_host_port(s);
+  if (!hp)
     return false;
-  auto digits = s.substr(colon + 1);
-  if (digits.size() > 5 || !std::all_of(digits.begin(), digits.end(), ::isdigit))
-    return false;
-  auto p = std::stoul(digits);
-  if (p == 0 || p > 65535)
-    return false;
-  host = s.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
-    host = host.substr(1, host.size() - 2);
-  port = static_cast<std::uint16_t>(p);
+  host = std::move(hp->host);
+  port = hp->port;
   return true;
 }
 
@@ -516,13 +505,7 @@ void read_engine(checker& c, const toml::value& t, const std::string& where, eng
   c.read(t, where, "model", e.model, true);
   c.read(t, where, "url", e.url, true);
   if (!e.url.empty()) {
-    std::string host;
-    std::uint16_t port = 0;
-    bool ok = e.url.rfind("http://", 0) == 0;
-    auto rest = ok ? e.url.substr(7) : std::string{};
-    if (!rest.empty() && rest.back() == '/')
-      rest.pop_back();
-    if (!ok || rest.find('/') != std::string::npos || !split_host_port(rest, host, port))
+    if (!wire::parse_http_url(e.url))
       c.problem(
         *c.find(t, "url"),
         fmt::format("{}.url '{}' must be http://HOST:PORT (the engine's base URL)", where, e.url));
@@ -702,7 +685,7 @@ void check_cluster_wide(checker& c, const std::vector<const toml::value*>& value
         c.problem(node_value(i), fmt::format("node '{}': {} {} is already used by node '{}'",
                                              n.name, what, k, topo.nodes[http_ports[k]].name));
     }
-    if (topo.plaintext && !n.host.empty() && !is_loopback(n.host))
+    if (topo.plaintext && !n.host.empty() && !wire::is_loopback(n.host))
       c.problem(node_value(i),
                 fmt::format("node '{}' is on {} but [tls] plaintext = true: plaintext is only "
                             "allowed when every node is on loopback",

@@ -26,14 +26,6 @@ namespace {
 
 namespace json = boost::json;
 
-http_reply json_reply(int status, std::string body) {
-  return http_reply{status, "application/json", std::move(body), {}};
-}
-
-http_reply error_reply(int status, const std::string& type, const std::string& message) {
-  return json_reply(status, wire::openai_error_json(message, type, status));
-}
-
 } // namespace
 
 gateway::gateway(caf::actor_system& sys, std::shared_ptr<const config::topology> topo,

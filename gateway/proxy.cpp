@@ -159,11 +159,7 @@ private:
     auto upstream = ctx_.upstream.lock();
     if (!upstream) { // the gateway is shutting down
       ctx_.plane.shared_router->finished(d.replica);
-      respond_(http_reply{
-        503,
-        "application/json",
-        wire::openai_error_json("the gateway is stopping", "ServiceUnavailableError", 503),
-        {}});
+      respond_(error_reply(503, "ServiceUnavailableError", "the gateway is stopping"));
       return;
     }
     call_ =
@@ -287,8 +283,7 @@ private:
   }
 
   void finish_error(int status, const std::string& type, const std::string& message) {
-    respond_(
-      http_reply{status, "application/json", wire::openai_error_json(message, type, status), {}});
+    respond_(error_reply(status, type, message));
     count(status);
   }
 

@@ -1,5 +1,7 @@
 #include "net/http_client.hpp"
 
+#include "wire/address.hpp"
+
 #include "net/io_loop_impl.hpp"
 
 #include <boost/asio/connect.hpp>
@@ -28,22 +30,6 @@ namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
-
-bool split_http_url(const std::string& url, std::string& host, std::string& port) {
-  if (url.rfind("http://", 0) != 0)
-    return false;
-  auto rest = url.substr(7);
-  while (!rest.empty() && rest.back() == '/')
-    rest.pop_back();
-  auto colon = rest.rfind(':');
-  if (colon == std::string::npos || colon == 0 || rest.find('/') != std::string::npos)
-    return false;
-  host = rest.substr(0, colon);
-  port = rest.substr(colon + 1);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
-    host = host.substr(1, host.size() - 2);
-  return !port.empty();
-}
 
 namespace {
 
@@ -446,16 +432,15 @@ http_client::call(const std::string& method, const std::string& base_url, const 
                   std::string body, const std::vector<std::pair<std::string, std::string>>& headers,
                   std::chrono::milliseconds connect_timeout, std::chrono::milliseconds timeout,
                   http_call_handlers handlers) {
-  std::string host, port;
-  if (!split_http_url(base_url, host, port)
-      || http::string_to_verb(method) == http::verb::unknown) {
+  auto url = wire::parse_http_url(base_url);
+  if (!url || http::string_to_verb(method) == http::verb::unknown) {
     if (handlers.on_done)
       handlers.on_done("not an http://HOST:PORT URL or HTTP method: " + base_url + " " + method);
     return nullptr;
   }
-  auto c = std::make_shared<streaming_call>(impl_->io(), impl_->pool, method, std::move(host),
-                                            std::move(port), target, std::move(body), headers,
-                                            connect_timeout, timeout, std::move(handlers));
+  auto c = std::make_shared<streaming_call>(impl_->io(), impl_->pool, method, std::move(url->host),
+                                            std::to_string(url->port), target, std::move(body),
+                                            headers, connect_timeout, timeout, std::move(handlers));
   c->start();
   return c;
 }

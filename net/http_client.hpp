@@ -41,9 +41,6 @@ public:
   virtual void cancel() = 0;
 };
 
-/// "http://HOST:PORT" split; false if `url` is not of that form.
-bool split_http_url(const std::string& url, std::string& host, std::string& port);
-
 /// One io thread runs every call: handlers, cancels and the pool of idle
 /// connections never race (a client shuttles bytes; one thread keeps up).
 class http_client {

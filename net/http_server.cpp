@@ -33,6 +33,14 @@
 
 namespace llmgw {
 
+http_reply json_reply(int status, std::string body) {
+  return http_reply{status, "application/json", std::move(body), {}};
+}
+
+http_reply error_reply(int status, const std::string& type, const std::string& message) {
+  return json_reply(status, wire::openai_error_json(message, type, status));
+}
+
 namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
@@ -480,8 +488,7 @@ private:
     ++srv_->counters.unsupported;
     note_refusal("unsupported", message);
     keep_alive_ = false;
-    write_whole(
-      http_reply{status, "application/json", wire::openai_error_json(message, type, status), {}});
+    write_whole(error_reply(status, type, message));
   }
 
   void on_error(const beast::error_code& ec) {

@@ -52,6 +52,13 @@ struct http_reply {
   std::vector<std::pair<std::string, std::string>> headers;
 };
 
+/// A JSON answer.
+http_reply json_reply(int status, std::string body);
+
+/// An OpenAI-style error answer: {"error": {"message", "type", "code"}}
+/// (wire::openai_error_json), as vLLM and the gateway send them.
+http_reply error_reply(int status, const std::string& type, const std::string& message);
+
 namespace detail {
 struct http_exchange;
 } // namespace detail

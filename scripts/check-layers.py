@@ -13,7 +13,7 @@ import sys
 BELOW = {
     "base": [],
     "wire": ["base"],
-    "config": ["base"],
+    "config": ["base", "wire"],
     "kv": ["base", "wire"],
     "routing": ["base", "wire", "config", "kv"],
     "net": ["base", "wire", "config"],

@@ -27,11 +27,7 @@ using clock = std::chrono::steady_clock;
 namespace {
 
 http_reply json_reply(int status, const json::value& v) {
-  return http_reply{status, "application/json", json::serialize(v), {}};
-}
-
-http_reply error_reply(int status, const std::string& type, const std::string& message) {
-  return http_reply{status, "application/json", wire::openai_error_json(message, type, status), {}};
+  return llmgw::json_reply(status, json::serialize(v));
 }
 
 /// One request, from its arrival to its last token.

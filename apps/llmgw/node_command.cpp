@@ -159,20 +159,12 @@ int run_node(const config::topology& topo_in, const std::string& name, std::size
         [handles = counted](http_request&& req, const http_responder& respond) {
           auto path = req.target.substr(0, req.target.find('?'));
           if (req.method != "GET")
-            return respond(http_reply{
-              405,
-              "application/json",
-              wire::openai_error_json(req.method + " is not allowed", "MethodNotAllowed", 405),
-              {}});
+            return respond(error_reply(405, "MethodNotAllowed", req.method + " is not allowed"));
           if (path == "/healthz")
-            return respond(http_reply{200, "application/json", R"({"status":"ok"})", {}});
+            return respond(json_reply(200, R"({"status":"ok"})"));
           if (path != "/metrics")
-            return respond(http_reply{404,
-                                      "application/json",
-                                      wire::openai_error_json("an agent serves /healthz and "
-                                                              "/metrics",
-                                                              "NotFoundError", 404),
-                                      {}});
+            return respond(
+              error_reply(404, "NotFoundError", "an agent serves /healthz and /metrics"));
           wire::metrics_text m;
           append_agent_metrics(m, handles);
           append_node_port_metrics(m);

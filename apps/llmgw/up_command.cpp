@@ -17,6 +17,7 @@
 #include "config/pki.hpp"
 #include "config/topology.hpp"
 #include "net/http_client.hpp"
+#include "wire/address.hpp"
 
 #include <CLI/CLI.hpp>
 #include <boost/json.hpp>
@@ -45,10 +46,6 @@ namespace {
 namespace fs = std::filesystem;
 namespace json = boost::json;
 using namespace std::chrono_literals;
-
-bool is_loopback(const std::string& host) {
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
-}
 
 /// Makes the certificates the topology names, if they do not exist yet and
 /// follow the layout `llmgw certs` writes (DIR/ca.pem, DIR/NODE.pem/.key).
@@ -227,7 +224,7 @@ int run_up(const up_options& o) {
     return 2;
   }
   for (const auto& n : lenient.value->nodes)
-    if (!is_loopback(n.host)) {
+    if (!wire::is_loopback(n.host)) {
       fmt::print(stderr,
                  "llmgw up: node '{}' is on {}: llmgw up runs single-machine topologies (start "
                  "llmgw node on each machine instead)\n",

@@ -226,12 +226,12 @@ TEST(http_client, errors_and_deadlines) {
   auto slow = post(silent.server.port(), "/", "", 200ms);
   EXPECT_EQ(slow.error, "read: timed out");
   EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
-  std::string host, port;
-  EXPECT_TRUE(split_http_url("http://10.0.0.1:8000/", host, port));
-  EXPECT_EQ(host, "10.0.0.1");
-  EXPECT_EQ(port, "8000");
-  EXPECT_FALSE(split_http_url("https://x:1", host, port));
-  EXPECT_FALSE(split_http_url("http://x:1/v1", host, port));
+  http_client client;
+  std::promise<http_response> bad_url;
+  client.post_json("https://127.0.0.1:1", "/", "", 1s,
+                   [&bad_url](http_response r) { bad_url.set_value(std::move(r)); });
+  EXPECT_NE(bad_url.get_future().get().error.find("not an http://HOST:PORT URL"), std::string::npos)
+    << "the client takes the topology's URL form only (wire::parse_http_url)";
 }
 
 namespace {

@@ -1,0 +1,48 @@
+#include "wire/address.hpp"
+
+#include <algorithm>
+
+namespace llmgw::wire {
+
+std::optional<host_port> parse_host_port(std::string_view s) {
+  auto colon = s.rfind(':');
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 == s.size())
+    return std::nullopt;
+  auto digits = s.substr(colon + 1);
+  if (digits.size() > 5
+      || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return std::nullopt;
+  unsigned long port = 0;
+  for (char c : digits)
+    port = port * 10 + static_cast<unsigned long>(c - '0');
+  if (port == 0 || port > 65535)
+    return std::nullopt;
+  auto host = s.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  return host_port{std::string(host), static_cast<std::uint16_t>(port)};
+}
+
+std::optional<host_port> parse_http_url(std::string_view url) {
+  constexpr std::string_view scheme = "http://";
+  if (url.substr(0, scheme.size()) != scheme)
+    return std::nullopt;
+  auto rest = url.substr(scheme.size());
+  if (!rest.empty() && rest.back() == '/')
+    rest.remove_suffix(1);
+  if (rest.find('/') != std::string_view::npos)
+    return std::nullopt;
+  return parse_host_port(rest);
+}
+
+bool is_loopback(std::string_view host) {
+  if (host == "localhost" || host == "::1")
+    return true;
+  // 127.0.0.0/8 as a dotted address: a host name that merely starts with
+  // "127." (127.example.com) is no loopback.
+  return host.substr(0, 4) == "127." && host.size() > 4
+         && std::all_of(host.begin() + 4, host.end(),
+                        [](char c) { return (c >= '0' && c <= '9') || c == '.'; });
+}
+
+} // namespace llmgw::wire

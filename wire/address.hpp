@@ -1,0 +1,29 @@
+// Addresses as the topology and the HTTP client write them: "HOST:PORT"
+// and an engine's base URL "http://HOST:PORT". One parser for both, so the
+// topology never accepts a URL the client then refuses.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace llmgw::wire {
+
+struct host_port {
+  std::string host;       ///< a name, an IPv4 address, or an IPv6 address (no brackets)
+  std::uint16_t port = 0; ///< 1..65535
+};
+
+/// "HOST:PORT": HOST not empty (an IPv6 address in brackets), PORT 1..65535
+/// in at most five digits; nullopt otherwise.
+std::optional<host_port> parse_host_port(std::string_view s);
+
+/// An engine's base URL: "http://HOST:PORT" with at most one trailing '/'
+/// and no path; nullopt otherwise.
+std::optional<host_port> parse_http_url(std::string_view url);
+
+/// True for "localhost", "::1" and 127.0.0.0/8 as a dotted address.
+bool is_loopback(std::string_view host);
+
+} // namespace llmgw::wire
