@@ -6,6 +6,19 @@ namespace llmgw::kv {
 
 event_stream::event_stream(config cfg) : cfg_(cfg) {}
 
+namespace {
+
+stream_action reset_for(reset_reason why, std::uint64_t expected, std::uint64_t seq) {
+  stream_action r;
+  r.what = stream_action::kind::reset;
+  r.reason = why;
+  r.expected = expected;
+  r.seq = seq;
+  return r;
+}
+
+} // namespace
+
 void event_stream::apply_payload(std::uint64_t seq, std::string_view payload,
                                  std::vector<stream_action>& out) {
   auto batch = wire::decode_batch(payload, cfg_.limits);
@@ -53,10 +66,7 @@ std::vector<stream_action> event_stream::on_live(std::uint64_t seq, std::string_
       counts_.lost_batches += replay_->until - replay_->next;
       replay_.reset();
       ++counts_.restarts;
-      stream_action r;
-      r.what = stream_action::kind::reset;
-      r.reason = reset_reason::restart;
-      out.push_back(std::move(r));
+      out.push_back(reset_for(reset_reason::restart, *expected, seq));
       apply_payload(seq, payload, out);
       return out;
     }
@@ -84,18 +94,12 @@ std::vector<stream_action> event_stream::on_live(std::uint64_t seq, std::string_
       return out;
     } else {
       counts_.lost_batches += seq - *expected;
-      stream_action r;
-      r.what = stream_action::kind::reset;
-      r.reason = reset_reason::gap;
-      out.push_back(std::move(r));
+      out.push_back(reset_for(reset_reason::gap, *expected, seq));
     }
     break;
   case wire::seq_verdict::restart: {
     ++counts_.restarts;
-    stream_action r;
-    r.what = stream_action::kind::reset;
-    r.reason = reset_reason::restart;
-    out.push_back(std::move(r));
+    out.push_back(reset_for(reset_reason::restart, *expected, seq));
     break;
   }
   }
@@ -122,6 +126,7 @@ std::vector<stream_action> event_stream::on_replay(const wire::replay_reply& rep
   ++replay_->next;
   ++counts_.replayed;
   apply_payload(reply.seq, reply.payload, out);
+  out.back().replayed = true;
   return out;
 }
 
@@ -140,10 +145,7 @@ void event_stream::finish_replay(std::vector<stream_action>& out) {
       ++counts_.gaps_filled;
   } else {
     counts_.lost_batches += state.until - state.next;
-    stream_action r;
-    r.what = stream_action::kind::reset;
-    r.reason = reset_reason::gap;
-    out.push_back(std::move(r));
+    out.push_back(reset_for(reset_reason::gap, state.next, state.until));
   }
   // Apply the held live messages in order; a hole among them (messages lost
   // while replaying) is a gap of its own.
@@ -152,10 +154,8 @@ void event_stream::finish_replay(std::vector<stream_action>& out) {
     if (last && m.seq != *last + 1) {
       counts_.lost_batches += m.seq > *last ? m.seq - *last - 1 : 0;
       ++counts_.gaps;
-      stream_action r;
-      r.what = stream_action::kind::reset;
-      r.reason = m.seq > *last ? reset_reason::gap : reset_reason::restart;
-      out.push_back(std::move(r));
+      out.push_back(
+        reset_for(m.seq > *last ? reset_reason::gap : reset_reason::restart, *last + 1, m.seq));
     }
     apply_payload(m.seq, m.payload, out);
     last = m.seq;

@@ -38,7 +38,12 @@ struct stream_action {
     request_replay, ///< send a replay request starting at `seq`
   };
   kind what = kind::apply;
+  /// apply: the batch's seq; request_replay: the first seq asked for;
+  /// reset: the seq that showed the gap or restart (or did not decode).
   std::uint64_t seq = 0;
+  /// reset for a gap or restart: the seq that was due instead of `seq`.
+  std::uint64_t expected = 0;
+  bool replayed = false; ///< apply: the batch came from the replay endpoint
   wire::event_batch batch;
   reset_reason reason = reset_reason::gap;
   std::optional<error> decode_failure; ///< set on the reset caused by a bad payload

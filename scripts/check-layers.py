@@ -16,7 +16,7 @@ BELOW = {
     "config": ["base", "wire"],
     "kv": ["base", "wire"],
     "routing": ["base", "wire", "config", "kv"],
-    "net": ["base", "wire", "config"],
+    "net": ["base", "wire", "config", "kv"],
     "messages": ["base", "wire", "config", "kv", "routing"],
     "actors": ["base", "wire", "config", "kv", "routing", "net", "messages"],
     "gateway": ["base", "wire", "config", "kv", "routing", "net", "messages", "actors"],

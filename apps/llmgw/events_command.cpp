@@ -1,22 +1,22 @@
-// `llmgw events --bind tcp://127.0.0.1:PORT [--replay tcp://HOST:PORT] [--topic T]`
+// `llmgw events --endpoint tcp://127.0.0.1:PORT [--replay tcp://HOST:PORT] [--topic T]`
 //
-// Binds a SUB socket that vLLM's publisher connects to (start vLLM with
-// --kv-events-config '{"endpoint": "tcp://127.0.0.1:PORT", ...}') and prints
-// one JSON object per event per line. A jump in seq prints a "gap" line (or,
-// with --replay, is filled from vLLM's replay buffer first); a step back
-// prints a "restart" line; a payload that does not decode prints a
-// "decode_error" line and counts as a gap. SIGINT/SIGTERM end it cleanly.
+// Follows an engine's KV event stream as an agent does (net/kv_event_socket
+// and kv::event_stream: the same sockets, gap, replay and restart handling)
+// and prints one JSON object per event per line. A tcp endpoint is bound
+// (vLLM's publisher connects: start vLLM with --kv-events-config
+// '{"endpoint": "tcp://127.0.0.1:PORT", ...}'); an ipc:// endpoint is
+// connected to. A gap that replay cannot fill prints a "gap" line, a step
+// back a "restart" line, a payload that does not decode a "decode_error"
+// line; replayed events carry "replayed": true. SIGINT/SIGTERM end it
+// cleanly.
 #include "apps/llmgw/commands.hpp"
-#include "net/zmq_parts.hpp"
+#include "net/kv_event_socket.hpp"
 #include "wire/event_json.hpp"
 #include "wire/kv_events.hpp"
-#include "wire/zmq_message.hpp"
 
 #include <CLI/CLI.hpp>
 #include <boost/json.hpp>
 #include <fmt/format.h>
-#include <zmq.hpp>
-#include <zmq_addon.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -35,7 +35,7 @@ extern "C" void on_stop_signal(int) {
 }
 
 struct events_options {
-  std::string bind;
+  std::string endpoint;
   std::string replay;
   std::string topic;
   int replay_timeout_ms = 1000;
@@ -47,134 +47,70 @@ void print_line(const std::string& line) {
   std::fflush(stdout);
 }
 
-void print_batch(std::uint64_t seq, std::string_view payload, bool replayed) {
-  auto batch = wire::decode_batch(payload);
-  if (!batch) {
-    boost::json::object obj;
-    obj["seq"] = seq;
-    obj["type"] = "decode_error";
-    obj["error"] = to_string(batch.err().code);
-    obj["message"] = batch.err().message;
-    print_line(boost::json::serialize(obj));
-    return;
-  }
-  for (const auto& ev : batch->events) {
-    auto line = wire::event_to_json(seq, *batch, ev);
-    if (replayed) // keep the object valid: insert before the closing brace
+/// One line per event of an applied batch.
+void print_batch(const kv::stream_action& a) {
+  for (const auto& ev : a.batch.events) {
+    auto line = wire::event_to_json(a.seq, a.batch, ev);
+    if (a.replayed) // keep the object valid: insert before the closing brace
       line.insert(line.size() - 1, ",\"replayed\":true");
     print_line(line);
   }
 }
 
-/// Asks the replay endpoint for [from, until) and prints what it returns; the
-/// first seq not recovered (== until when all were).
-std::uint64_t fill_by_replay(zmq::context_t& ctx, const events_options& opts, std::uint64_t from,
-                             std::uint64_t until) {
-  zmq::socket_t dealer(ctx, zmq::socket_type::dealer);
-  dealer.set(zmq::sockopt::linger, 0);
-  dealer.connect(opts.replay);
-  auto start = wire::replay_request(from);
-  std::array<zmq::const_buffer, 2> request = {zmq::const_buffer("", 0),
-                                              zmq::const_buffer(start.data(), start.size())};
-  if (!zmq::send_multipart(dealer, request))
-    return from;
-  auto next = from;
-  std::vector<zmq::message_t> parts;
-  while (!stop_requested.load()) {
-    zmq::pollitem_t item{dealer.handle(), 0, ZMQ_POLLIN, 0};
-    if (zmq::poll(&item, 1, std::chrono::milliseconds(opts.replay_timeout_ms)) == 0)
-      break; // replay endpoint silent: give up on the rest
-    if (!receive_now(dealer, parts))
-      continue;
-    auto reply = wire::split_replay_reply(views_of(parts));
-    if (!reply) {
-      fmt::print(stderr, "llmgw events: replay: {}\n", reply.err().message);
-      break;
-    }
-    if (reply->end)
-      break;
-    if (reply->seq != next || reply->seq >= until)
-      continue; // before what we asked for, or already seen live
-    print_batch(reply->seq, reply->payload, true);
-    ++next;
-  }
-  return next;
-}
-
-void print_gap(std::uint64_t expected, std::uint64_t got) {
+/// The line of a reset: a gap not filled, a restart, or a bad payload.
+void print_reset(const kv::stream_action& a) {
   boost::json::object obj;
-  obj["type"] = "gap";
-  obj["expected"] = expected;
-  obj["got"] = got;
-  obj["lost"] = got - expected;
+  if (a.decode_failure) {
+    obj["seq"] = a.seq;
+    obj["type"] = "decode_error";
+    obj["error"] = to_string(a.decode_failure->code);
+    obj["message"] = a.decode_failure->message;
+  } else {
+    obj["type"] = kv::to_string(a.reason);
+    obj["expected"] = a.expected;
+    obj["got"] = a.seq;
+    if (a.reason == kv::reset_reason::gap)
+      obj["lost"] = a.seq - a.expected;
+  }
   print_line(boost::json::serialize(obj));
 }
 
-int run_events(events_options opts) {
+int run_events(const events_options& opts) {
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
   sigemptyset(&action.sa_mask);
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
 
-  zmq::context_t ctx;
-  zmq::socket_t sub(ctx, zmq::socket_type::sub);
-  sub.set(zmq::sockopt::linger, 0);
-  sub.set(zmq::sockopt::rcvhwm, 0);
-  sub.set(zmq::sockopt::subscribe, opts.topic);
-  auto endpoint = opts.bind;
-  if (endpoint.size() > 2 && endpoint.compare(endpoint.size() - 2, 2, ":0") == 0)
-    endpoint.replace(endpoint.size() - 1, 1, "*"); // port 0: let the kernel pick
-  try {
-    sub.bind(endpoint);
-  } catch (const zmq::error_t& e) {
-    fmt::print(stderr, "llmgw events: cannot bind {}: {}\n", opts.bind, e.what());
+  kv_event_socket_options so;
+  so.endpoint = opts.endpoint;
+  so.topic = opts.topic;
+  so.replay = opts.replay;
+  so.queue_messages = 100000; // an operator's tool: vLLM's own high-water mark
+  kv_event_socket socket(so);
+  if (!socket.error().empty()) {
+    fmt::print(stderr, "llmgw events: {}\n", socket.error());
     return 1;
   }
-  fmt::print(stderr, "llmgw events: listening on {}\n", sub.get(zmq::sockopt::last_endpoint));
+  fmt::print(stderr, "llmgw events: listening on {}\n", socket.endpoint());
 
-  wire::seq_tracker tracker;
-  std::vector<zmq::message_t> parts;
+  kv::event_stream::config cfg;
+  cfg.replay_available = socket.has_replay();
+  cfg.replay_timeout = std::chrono::milliseconds(opts.replay_timeout_ms);
+  kv::event_stream stream(cfg);
+  kv_event_socket::handlers handlers;
+  handlers.act = [](kv::stream_action& a) {
+    if (a.what == kv::stream_action::kind::apply)
+      print_batch(a);
+    else if (a.what == kv::stream_action::kind::reset)
+      print_reset(a);
+  };
+  handlers.bad_frame = [](const char* which, const error& e) {
+    fmt::print(stderr, "llmgw events: {}: {}\n", which, e.message);
+  };
   while (!stop_requested.load()) {
-    zmq::pollitem_t item{sub.handle(), 0, ZMQ_POLLIN, 0};
-    try {
-      if (zmq::poll(&item, 1, std::chrono::milliseconds(100)) == 0)
-        continue;
-    } catch (const zmq::error_t& e) {
-      if (e.num() == EINTR)
-        continue;
-      throw;
-    }
-    while (receive_now(sub, parts)) {
-      auto msg = wire::split_live_message(views_of(parts));
-      if (!msg) {
-        fmt::print(stderr, "llmgw events: {}\n", msg.err().message);
-        continue;
-      }
-      auto expected = tracker.expected();
-      switch (tracker.observe(msg->seq)) {
-      case wire::seq_verdict::first:
-      case wire::seq_verdict::next:
-        break;
-      case wire::seq_verdict::gap: {
-        auto recovered = *expected;
-        if (!opts.replay.empty())
-          recovered = fill_by_replay(ctx, opts, *expected, msg->seq);
-        if (recovered < msg->seq)
-          print_gap(recovered, msg->seq);
-        break;
-      }
-      case wire::seq_verdict::restart: {
-        boost::json::object obj;
-        obj["type"] = "restart";
-        obj["expected"] = *expected;
-        obj["got"] = msg->seq;
-        print_line(boost::json::serialize(obj));
-        break;
-      }
-      }
-      print_batch(msg->seq, msg->payload, false);
-    }
+    socket.wait(std::chrono::milliseconds(100));
+    socket.pump(stream, std::chrono::steady_clock::now(), handlers);
   }
   fmt::print(stderr, "llmgw events: stopped\n");
   return 0;
@@ -186,14 +122,15 @@ void add_events_command(CLI::App& app, int& exit_code) {
   auto opts = std::make_shared<events_options>();
   auto* cmd = app.add_subcommand("events", "Print a vLLM engine's KV cache events as JSON lines");
   cmd
-    ->add_option("--bind", opts->bind,
-                 "SUB endpoint to bind, e.g. tcp://127.0.0.1:5557 (port 0: any)")
+    ->add_option("--endpoint,--bind", opts->endpoint,
+                 "the engine's events endpoint: a tcp address to bind (port 0: any), or an "
+                 "ipc:// path to connect to")
     ->required();
   cmd->add_option("--replay", opts->replay, "the engine's replay endpoint, to fill gaps");
   cmd->add_option("--topic", opts->topic, "topic to subscribe to (default: all)");
   cmd
     ->add_option("--replay-timeout-ms", opts->replay_timeout_ms,
-                 "how long to wait for a replay reply")
+                 "how long to wait for the replay endpoint")
     ->check(CLI::Range(1, 60000))
     ->capture_default_str();
   cmd->callback([opts, &exit_code] { exit_code = run_events(*opts); });
