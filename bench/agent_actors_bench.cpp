@@ -8,7 +8,7 @@
 #include "actors/registration.hpp"
 #include "actors/subscriber.hpp"
 #include "bench/bench.hpp"
-#include "tests/actors/fake_control.hpp"
+#include "tests/support/fake_control.hpp"
 #include "wire/zmq_message.hpp"
 
 #include <boost/json.hpp>

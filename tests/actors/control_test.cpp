@@ -4,7 +4,7 @@
 #include "actors/control.hpp"
 #include "actors/router.hpp"
 #include "tests/actors/deterministic.hpp"
-#include "tests/unit/credentials.hpp"
+#include "tests/support/credentials.hpp"
 
 using namespace llmgw;
 

@@ -5,9 +5,10 @@
 #include "actors/forwarder.hpp"
 #include "actors/mirror.hpp"
 #include "actors/registration.hpp"
-#include "tests/actors/batches.hpp"
-#include "tests/actors/fake_control.hpp"
-#include "tests/unit/support.hpp"
+#include "tests/support/batches.hpp"
+#include "tests/support/captures.hpp"
+#include "tests/support/eventually.hpp"
+#include "tests/support/fake_control.hpp"
 
 #include <boost/json.hpp>
 #include <caf/all.hpp>
@@ -68,8 +69,7 @@ TEST(cross_node, forwarder_session_and_acks_cross_the_network) {
     if (i % 40 == 39)
       std::this_thread::sleep_for(60ms);
   }
-  for (int i = 0; i < 500 && log->update_count() < 8; ++i)
-    std::this_thread::sleep_for(10ms);
+  test::eventually([&] { return log->update_count() >= 8; }, 5s);
   {
     std::lock_guard<std::mutex> g(log->mtx);
     ASSERT_EQ(log->hellos.size(), 1u);

@@ -4,8 +4,8 @@
 
 #include "actors/registration.hpp"
 #include "messages/local_messages.hpp"
-#include "tests/actors/batches.hpp"
-#include "tests/unit/support.hpp"
+#include "tests/support/batches.hpp"
+#include "tests/support/captures.hpp"
 
 #include <boost/json.hpp>
 #include <caf/all.hpp>

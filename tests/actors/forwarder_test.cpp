@@ -3,8 +3,8 @@
 #include "actors/forwarder.hpp"
 #include "actors/mirror.hpp"
 #include "tests/actors/deterministic.hpp"
-#include "tests/actors/fake_control.hpp"
-#include "tests/unit/credentials.hpp"
+#include "tests/support/credentials.hpp"
+#include "tests/support/fake_control.hpp"
 
 #include <set>
 

@@ -2,7 +2,7 @@
 // every message delivered by run(), results collected by a probe actor.
 #include "actors/mirror.hpp"
 #include "tests/actors/deterministic.hpp"
-#include "tests/unit/support.hpp"
+#include "tests/support/captures.hpp"
 
 #include <boost/json.hpp>
 #include <caf/all.hpp>

@@ -8,9 +8,10 @@
 #include "actors/mirror.hpp"
 #include "actors/registration.hpp"
 #include "actors/subscriber.hpp"
-#include "tests/actors/fake_control.hpp"
 #include "tests/integration/replay_service.hpp"
-#include "tests/unit/support.hpp"
+#include "tests/support/captures.hpp"
+#include "tests/support/eventually.hpp"
+#include "tests/support/fake_control.hpp"
 #include "wire/zmq_message.hpp"
 
 #include <boost/json.hpp>
@@ -119,8 +120,7 @@ struct agent_path {
 
   /// Waits (bounded) until the subscriber has read `n` live messages.
   bool wait_for_messages(std::uint64_t n) {
-    for (int i = 0; i < 1000 && stats->messages.load() < n; ++i)
-      std::this_thread::sleep_for(10ms);
+    test::eventually([&] { return stats->messages.load() >= n; }, 10s);
     return stats->messages.load() >= n;
   }
 
@@ -216,8 +216,7 @@ TEST(agent_stream, replay_fills_a_gap_without_reset) {
     if (f.seq != 2 && f.seq != 3)
       pub.send(f, f.seq);
   ASSERT_TRUE(path.wait_for_messages(c.frames.size() - 2));
-  for (int i = 0; i < 300 && path.stats->gaps_filled.load() == 0; ++i)
-    std::this_thread::sleep_for(10ms);
+  test::eventually([&] { return path.stats->gaps_filled.load() != 0; }, 3s);
   auto state = path.snapshot();
   EXPECT_EQ(path.stats->gaps_filled.load(), 1u);
   EXPECT_EQ(state.epoch, 0u) << "filled by replay: no reset";
@@ -268,16 +267,10 @@ TEST(agent_path, the_control_nodes_copy_equals_the_engines_blocks) {
     publisher pub(bound.endpoint);
     for (const auto& f : c.frames)
       pub.send(f, f.seq);
-    for (int i = 0; i < 1000 && stats->messages.load() < c.frames.size(); ++i)
-      std::this_thread::sleep_for(10ms);
+    test::eventually([&] { return stats->messages.load() >= c.frames.size(); }, 10s);
   }
   ASSERT_EQ(stats->messages.load(), c.frames.size());
-  bool equal = false;
-  for (int i = 0; i < 300 && !equal; ++i) { // a few flushes
-    equal = copy->blocks_of("r0") == c.expected;
-    if (!equal)
-      std::this_thread::sleep_for(10ms);
-  }
+  bool equal = test::eventually([&] { return copy->blocks_of("r0") == c.expected; }, 3s);
   EXPECT_TRUE(equal) << "the control node's copy must equal the capture's final state";
   {
     std::lock_guard<std::mutex> g(copy->mtx);
@@ -327,13 +320,8 @@ TEST(agent_node, launches_an_engine_and_forwards_its_blocks) {
   EXPECT_EQ(st.st_mode & 0777, 0700u);
   EXPECT_EQ(st.st_uid, ::getuid());
   EXPECT_TRUE(handles.events_endpoints[1].empty());
-  bool equal = false;
   // Bounded generously for slow sanitizer builds.
-  for (int i = 0; i < 3000 && !equal; ++i) {
-    equal = copy->blocks_of("r0") == c.expected;
-    if (!equal)
-      std::this_thread::sleep_for(10ms);
-  }
+  bool equal = test::eventually([&] { return copy->blocks_of("r0") == c.expected; }, 30s);
   {
     std::lock_guard<std::mutex> g(copy->mtx);
     EXPECT_TRUE(equal)
@@ -383,13 +371,12 @@ TEST(agent_node, data_parallel_ranks_have_their_own_ports_and_mirrors) {
       p0.send(f, f.seq);
     for (const auto& f : rank1.frames)
       p1.send(f, f.seq);
-    bool equal = false;
-    for (int i = 0; i < 1000 && !equal; ++i) {
-      equal =
-        copy->blocks_of("r0", 0) == rank0.expected && copy->blocks_of("r0", 1) == rank1.expected;
-      if (!equal)
-        std::this_thread::sleep_for(10ms);
-    }
+    bool equal = test::eventually(
+      [&] {
+        return copy->blocks_of("r0", 0) == rank0.expected
+               && copy->blocks_of("r0", 1) == rank1.expected;
+      },
+      10s);
     EXPECT_TRUE(equal) << "each rank's blocks arrive under its own rank";
   }
   stop_agent(handles);

@@ -1,8 +1,8 @@
 // `llmgw hash` and `llmgw events` as an operator runs them: real processes,
 // fed with what vLLM's own publisher produced (golden/vllm-captures/).
-#include "tests/integration/child_process.hpp"
 #include "tests/integration/replay_service.hpp"
-#include "tests/unit/support.hpp"
+#include "tests/support/captures.hpp"
+#include "tests/support/child_process.hpp"
 #include "wire/kv_events.hpp"
 #include "wire/zmq_message.hpp"
 

@@ -9,7 +9,7 @@
 #include "config/pki.hpp"
 #include "net/http_server.hpp"
 #include "tests/integration/test_cluster.hpp"
-#include "tests/unit/support.hpp"
+#include "tests/support/captures.hpp"
 
 #include <boost/json.hpp>
 #include <caf/all.hpp>

@@ -5,6 +5,7 @@
 #include "actors/engine_supervisor.hpp"
 #include "actors/mirror.hpp"
 #include "actors/registration.hpp"
+#include "tests/support/eventually.hpp"
 
 #include <caf/all.hpp>
 #include <gtest/gtest.h>
@@ -82,8 +83,7 @@ TEST(engine_supervisor, restarts_an_exiting_engine_and_resets_its_mirror) {
   opts.backoff_min = 50ms;
   opts.backoff_max = 200ms;
   auto s = sys.spawn(engine_supervisor, opts, m);
-  for (int i = 0; i < 300 && lines_of(record).size() < 4; ++i)
-    std::this_thread::sleep_for(10ms);
+  test::eventually([&] { return lines_of(record).size() >= 4; }, 3s);
   auto lines = lines_of(record);
   ASSERT_GE(lines.size(), 4u) << "the engine is started again after each exit";
   EXPECT_EQ(lines[0].rfind("1234 --prefix-caching-hash-algo sha256_cbor --kv-events-config {", 0),
@@ -106,20 +106,11 @@ TEST(engine_supervisor, stopping_the_supervisor_stops_the_engine) {
   opts.poll_interval = 20ms;
   auto s = sys.spawn(engine_supervisor, opts, mirror_actor{});
   std::int64_t pid = 0;
-  for (int i = 0; i < 200 && pid <= 0; ++i) {
-    pid = status(sys, s).first;
-    if (pid <= 0)
-      std::this_thread::sleep_for(10ms);
-  }
+  test::eventually([&] { return (pid = status(sys, s).first) > 0; }, 2s);
   ASSERT_GT(pid, 0);
   EXPECT_EQ(kill(static_cast<pid_t>(pid), 0), 0) << "running";
   caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
-  bool gone = false;
-  for (int i = 0; i < 300 && !gone; ++i) {
-    gone = kill(static_cast<pid_t>(pid), 0) != 0;
-    if (!gone)
-      std::this_thread::sleep_for(10ms);
-  }
+  bool gone = test::eventually([&] { return kill(static_cast<pid_t>(pid), 0) != 0; }, 3s);
   EXPECT_TRUE(gone) << "the engine is stopped (and reaped) with its supervisor";
 }
 

@@ -9,6 +9,7 @@
 #include "net/http_client.hpp"
 #include "net/http_server.hpp"
 #include "tests/integration/interim_engine.hpp"
+#include "tests/support/eventually.hpp"
 #include "wire/block_hash.hpp"
 
 #include <boost/json.hpp>
@@ -202,6 +203,16 @@ struct gateway_test : ::testing::Test {
     for (const auto& b : h.hash(t))
       u.added.push_back({b.key, kv::medium::gpu});
     caf::anon_send(plane.router, u);
+    // The router applies it on its own thread: wait until the gateway's
+    // decisions can see it.
+    auto applied = [&] {
+      return plane.shared_router->with([&](routing::router_core& core, routing::router_stats&) {
+        auto held = core.kv().find(replica, rank);
+        return held && core.kv().blocks().count(*held) == u.added.size();
+      });
+    };
+    ASSERT_TRUE(test::eventually(applied))
+      << replica << " rank " << rank << " never held the blocks";
   }
 
   json::value replicas() {
@@ -254,12 +265,12 @@ TEST_F(gateway_test, an_event_stream_is_relayed_as_it_arrives) {
                  got += d;
                },
                [&](const std::string&) { done.set_value(); }});
-  bool first = false;
-  for (int i = 0; i < 500 && !first; ++i) {
-    std::this_thread::sleep_for(10ms);
-    std::lock_guard<std::mutex> g(mtx);
-    first = got == "data: {\"n\":1}\n\n";
-  }
+  bool first = test::eventually(
+    [&] {
+      std::lock_guard<std::mutex> g(mtx);
+      return got == "data: {\"n\":1}\n\n";
+    },
+    5s);
   EXPECT_TRUE(first) << "the first event arrives before the engine sends the second: " << got;
   e0.release.set_value();
   e1.release.set_value();
@@ -297,21 +308,17 @@ TEST_F(gateway_test, a_failure_after_the_first_byte_cuts_the_response_short) {
 TEST_F(gateway_test, a_client_that_leaves_cancels_the_upstream_request) {
   e0.how = e1.how = fake_engine::mode::hang;
   auto call = client.call("POST", base(), "/v1/completions", body_ids, {}, 2s, 10s, {});
-  for (int i = 0; i < 500 && e0.requests() + e1.requests() == 0; ++i)
-    std::this_thread::sleep_for(10ms);
+  test::eventually([&] { return e0.requests() + e1.requests() != 0; }, 5s);
   ASSERT_EQ(e0.requests() + e1.requests(), 1u);
   call->cancel();
-  for (int i = 0; i < 500 && e0.disconnects + e1.disconnects == 0; ++i)
-    std::this_thread::sleep_for(10ms);
+  test::eventually([&] { return e0.disconnects + e1.disconnects != 0; }, 5s);
   EXPECT_EQ(e0.disconnects + e1.disconnects, 1) << "the engine can stop generating";
-  for (int i = 0; i < 100 && (outstanding("e0") != 0 || outstanding("e1") != 0); ++i)
-    std::this_thread::sleep_for(10ms);
+  test::eventually([&] { return outstanding("e0") == 0 && outstanding("e1") == 0; }, 1s);
   EXPECT_EQ(outstanding("e0") + outstanding("e1"), 0) << "the request no longer counts as load";
 }
 
 TEST_F(gateway_test, the_rank_holding_the_prefix_is_named_for_the_engine) {
   hold("e1", 1, {1, 2, 3, 4, 5, 6, 7, 8});
-  std::this_thread::sleep_for(50ms);
   auto a = post("/v1/completions", body_ids);
   EXPECT_EQ(a.status, 200);
   EXPECT_NE(a.headers.find("x-llmgw-replica: e1"), std::string::npos) << a.headers;
@@ -343,7 +350,6 @@ TEST_F(gateway_test, errors_are_openai_json_with_the_right_status) {
 TEST_F(gateway_test, a_text_prompt_seen_before_is_not_tokenized_again) {
   const std::string body = R"({"model": "m", "prompt": "the same words", "max_tokens": 4})";
   hold("e1", 0, {1, 2, 3, 4, 5, 6, 7, 8});
-  std::this_thread::sleep_for(50ms);
   for (int i = 0; i < 3; ++i) {
     auto a = post("/v1/completions", body);
     EXPECT_EQ(a.status, 200) << a.body;
@@ -521,8 +527,7 @@ TEST(gateway_admin, health_and_metrics_answer_while_clients_hold_every_connectio
   std::vector<std::shared_ptr<http_call>> held; // two requests the engine never answers
   for (int i = 0; i < 2; ++i)
     held.push_back(client.call("POST", base, "/v1/completions", body_ids, {}, 2s, 30s, {}));
-  for (int i = 0; i < 500 && e0.requests() < 2; ++i)
-    std::this_thread::sleep_for(10ms);
+  test::eventually([&] { return e0.requests() >= 2; }, 5s);
   ASSERT_EQ(e0.requests(), 2u);
   auto get = [&](std::uint16_t port, const std::string& target) {
     std::promise<http_response> p;
@@ -544,8 +549,7 @@ TEST(gateway_admin, health_and_metrics_answer_while_clients_hold_every_connectio
   EXPECT_EQ(get(gw.admin_port(), "/v1/models").status, 404) << "only the admin endpoints";
   for (auto& h : held)
     h->cancel();
-  for (int i = 0; i < 500 && e0.disconnects < 2; ++i)
-    std::this_thread::sleep_for(10ms);
+  test::eventually([&] { return e0.disconnects >= 2; }, 5s);
   EXPECT_EQ(get(gw.port(), "/metrics").status, 404) << "counters stay off the clients' port";
   EXPECT_EQ(get(gw.port(), "/v1/kv/replicas").status, 404);
   EXPECT_EQ(get(gw.port(), "/healthz").status, 200);

@@ -6,6 +6,7 @@
 #include "net/http_client.hpp"
 #include "net/http_server.hpp"
 #include "tests/integration/interim_engine.hpp"
+#include "tests/support/eventually.hpp"
 
 #include <boost/json.hpp>
 #include <caf/all.hpp>
@@ -148,8 +149,7 @@ TEST(http_server, hostile_requests_are_bounded_and_counted) {
   EXPECT_EQ(server.counters().bad_requests.load(), 1u);
   // The deadline check counts, then closes; the client may see the close
   // before this thread sees the count.
-  for (int i = 0; i < 100 && server.counters().timeouts.load() == 0; ++i)
-    std::this_thread::sleep_for(10ms);
+  test::eventually([&] { return server.counters().timeouts.load() != 0; }, 1s);
   EXPECT_EQ(server.counters().timeouts.load(), 1u);
   auto ok = post(server.port(), "/", "fine");
   EXPECT_EQ(ok.status, 200) << "the server still serves";
@@ -200,7 +200,8 @@ TEST(http_server, connections_over_the_cap_are_turned_away) {
     }).detach();
   });
   auto first = std::async(std::launch::async, [&] { return post(server.port(), "/", ""); });
-  std::this_thread::sleep_for(200ms);
+  ASSERT_TRUE(test::eventually([&] { return server.counters().open.load() == 1; }, 5s))
+    << "the first request holds the one connection";
   auto second = post(server.port(), "/", "");
   EXPECT_EQ(second.status, 503);
   release.set_value();
@@ -460,11 +461,14 @@ TEST(http_server, a_client_that_leaves_is_noticed_while_its_answer_is_pending) {
   {
     raw_client c(server.port());
     c.send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}");
-    std::this_thread::sleep_for(100ms);
+    ASSERT_TRUE(test::eventually([&] {
+      std::lock_guard<std::mutex> g(mtx);
+      return !held.empty();
+    }))
+      << "the handler has the request";
   } // the client goes away
   EXPECT_EQ(gone_f.wait_for(5s), std::future_status::ready) << "the handler can cancel its work";
-  for (int i = 0; i < 100 && server.counters().disconnects.load() == 0; ++i)
-    std::this_thread::sleep_for(10ms);
+  test::eventually([&] { return server.counters().disconnects.load() != 0; }, 1s);
   EXPECT_EQ(server.counters().disconnects.load(), 1u);
   // Late answers to a gone client are dropped quietly.
   std::lock_guard<std::mutex> g(mtx);
@@ -516,8 +520,7 @@ TEST(http_server, a_client_that_stops_reading_a_stream_is_cut_off_without_deadlo
     << "the producer is stuck after " << p->written.load() << " bytes";
   EXPECT_TRUE(p->write_refused) << "a client that does not read stops the producer";
   EXPECT_LT(p->written.load(), std::size_t{32} << 20) << "the backlog is bounded";
-  for (int i = 0; i < 500 && !p->callback_ran; ++i)
-    std::this_thread::sleep_for(10ms);
+  test::eventually([&] { return p->callback_ran.load(); }, 5s);
   EXPECT_TRUE(p->callback_ran) << "the handler hears the client is gone";
   EXPECT_EQ(server.counters().disconnects.load(), 1u);
   auto ok = post(server.port(), "/", "");
@@ -600,8 +603,7 @@ TEST(http_client, a_streamed_call_hands_on_pieces_as_they_arrive) {
   auto call = client.call("POST", "http://127.0.0.1:" + std::to_string(server.port()), "/x", "{}",
                           {{"x-test", "yes"}}, 1000ms, 5000ms, log.handlers());
   ASSERT_TRUE(call);
-  for (int i = 0; i < 500 && log.joined().empty(); ++i)
-    std::this_thread::sleep_for(10ms);
+  test::eventually([&] { return !log.joined().empty(); }, 5s);
   EXPECT_EQ(log.joined(), "data: a\n\n") << "the first event, before the response ended";
   second.set_value();
   auto done = log.done.get_future();
@@ -678,8 +680,7 @@ TEST(http_client, cancelling_a_call_reaches_the_server_as_a_disconnect) {
   call_log log;
   auto call = client.call("GET", "http://127.0.0.1:" + std::to_string(server.port()), "/", "", {},
                           1000ms, 5000ms, log.handlers());
-  for (int i = 0; i < 500 && log.joined().empty(); ++i)
-    std::this_thread::sleep_for(10ms);
+  test::eventually([&] { return !log.joined().empty(); }, 5s);
   call->cancel();
   auto done = log.done.get_future();
   ASSERT_EQ(done.wait_for(5s), std::future_status::ready);
@@ -780,8 +781,7 @@ TEST(http_client, a_pooled_connection_with_unasked_bytes_is_not_reused) {
   engine.send_strays();
   http_client client;
   EXPECT_EQ(call_once(client, engine.url(), R"({"n":1})").body, R"({"n":1})");
-  for (int i = 0; i < 500 && engine.strays_sent() == 0; ++i)
-    std::this_thread::sleep_for(10ms);
+  test::eventually([&] { return engine.strays_sent() != 0; }, 5s);
   ASSERT_EQ(engine.strays_sent(), 1);
   auto second = call_once(client, engine.url(), R"({"n":2})");
   EXPECT_EQ(second.status, 200);
@@ -882,8 +882,7 @@ TEST(http_server, one_address_cannot_take_every_connection) {
   http_server server("127.0.0.1", 0, 1, limits, echo_handler());
   auto a = std::make_unique<raw_client>(server.port());
   raw_client b(server.port());
-  for (int j = 0; j < 500 && server.counters().open.load() < 2; ++j)
-    std::this_thread::sleep_for(1ms);
+  test::eventually([&] { return server.counters().open.load() >= 2; }, 5s);
   auto third = raw_exchange(server.port(), "GET / HTTP/1.1\r\nHost: x\r\n\r\n");
   EXPECT_EQ(third.rfind("HTTP/1.1 503", 0), 0u) << third;
   EXPECT_NE(third.find("too many open connections from this address"), std::string::npos);
@@ -908,8 +907,7 @@ TEST(http_server, bodies_held_at_once_are_bounded_and_returned) {
   };
   auto a = std::make_unique<raw_client>(server.port());
   a->send(head(60000) + std::string(30000, 'a')); // half a body, held
-  for (int i = 0; i < 500 && server.counters().buffered_body_bytes.load() == 0; ++i)
-    std::this_thread::sleep_for(1ms);
+  test::eventually([&] { return server.counters().buffered_body_bytes.load() != 0; }, 500ms);
   EXPECT_EQ(server.counters().buffered_body_bytes.load(), 60000u);
   auto over = raw_exchange(server.port(), head(60000) + std::string(60000, 'b'));
   EXPECT_EQ(over.rfind("HTTP/1.1 503", 0), 0u) << over;
@@ -923,8 +921,7 @@ TEST(http_server, bodies_held_at_once_are_bounded_and_returned) {
   auto small = post(server.port(), "/", std::string(30000, 's'));
   EXPECT_EQ(small.status, 200) << "what fits beside it is served";
   a.reset(); // the half-sent body's client goes
-  for (int i = 0; i < 500 && server.counters().buffered_body_bytes.load() != 0; ++i)
-    std::this_thread::sleep_for(1ms);
+  test::eventually([&] { return server.counters().buffered_body_bytes.load() == 0; }, 500ms);
   EXPECT_EQ(server.counters().buffered_body_bytes.load(), 0u) << "its share is given back";
   EXPECT_EQ(post(server.port(), "/", std::string(60000, 'c')).status, 200);
   EXPECT_EQ(server.counters().buffered_body_bytes.load(), 0u);
@@ -969,16 +966,14 @@ TEST(http_server, one_address_holds_an_eighth_of_the_body_budget) {
     held.push_back(std::make_unique<raw_client>(server.port()));
     held.back()->send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10000\r\n\r\nabc");
   }
-  for (int i = 0; i < 500 && server.counters().buffered_body_bytes.load() < 20000; ++i)
-    std::this_thread::sleep_for(1ms);
+  test::eventually([&] { return server.counters().buffered_body_bytes.load() >= 20000; }, 500ms);
   ASSERT_EQ(server.counters().buffered_body_bytes.load(), 20000u);
   auto third =
     raw_exchange(server.port(), "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n12345");
   EXPECT_EQ(third.rfind("HTTP/1.1 503", 0), 0u) << "its share is taken, though the budget is not";
   EXPECT_EQ(server.counters().over_body_budget.load(), 1u);
   held.clear();
-  for (int i = 0; i < 500 && server.counters().buffered_body_bytes.load() != 0; ++i)
-    std::this_thread::sleep_for(1ms);
+  test::eventually([&] { return server.counters().buffered_body_bytes.load() == 0; }, 500ms);
   auto later = raw_exchange(server.port(), "POST / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
                                            "Content-Length: 5\r\n\r\n12345");
   EXPECT_EQ(later.rfind("HTTP/1.1 200", 0), 0u) << later;

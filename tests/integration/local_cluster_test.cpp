@@ -5,8 +5,9 @@
 // elsewhere; Ctrl-C leaves nothing running; the demo runs; an engine that
 // cannot listen is named instead of the cluster being called up.
 #include "net/http_client.hpp"
-#include "tests/integration/child_process.hpp"
 #include "tests/integration/test_cluster.hpp"
+#include "tests/support/child_process.hpp"
+#include "tests/support/eventually.hpp"
 
 #include <boost/json.hpp>
 #include <gtest/gtest.h>
@@ -151,7 +152,15 @@ TEST(local_cluster, routes_exactly_streams_in_order_and_survives_a_killed_engine
   ASSERT_EQ(first.status, 200) << first.body;
   auto replica = first.headers["x-llmgw-replica"];
   ASSERT_FALSE(replica.empty());
-  std::this_thread::sleep_for(400ms); // the engine's events reach the router (100 ms flushes)
+  // The engine's events reach the router (100 ms flushes): a dry run routes
+  // the prompt by tier kv once they have.
+  EXPECT_TRUE(test::eventually(
+    [&] {
+      auto route = post(http, c.gateway, "/v1/route", body);
+      return route.status == 200 && json::parse(route.body).at("tier") == "kv";
+    },
+    10s, 20ms))
+    << "the prompt's blocks never reached the router";
   auto second = post(http, c.gateway, "/v1/completions", body);
   ASSERT_EQ(second.status, 200) << second.body;
   EXPECT_EQ(second.headers["x-llmgw-replica"], replica);

@@ -4,6 +4,7 @@
 #include "apps/common/memory.hpp"
 #include "net/http_server.hpp"
 #include "tests/integration/sockets.hpp"
+#include "tests/support/eventually.hpp"
 
 #include <gtest/gtest.h>
 
@@ -19,6 +20,7 @@
 using namespace std::chrono_literals;
 
 using llmgw::test::connect_to;
+using llmgw::test::eventually;
 using llmgw::test::rss_mib;
 using llmgw::test::send_all;
 
@@ -54,17 +56,14 @@ TEST(memory, half_sent_bodies_are_given_back_when_their_clients_go) {
     clients.push_back(connect_to(server.port()));
     send_all(clients.back(), head + half);
   }
-  for (int i = 0; i < 1000 && server.counters().buffered_body_bytes.load() < 20 * body; ++i)
-    std::this_thread::sleep_for(5ms);
+  eventually([&] { return server.counters().buffered_body_bytes.load() >= 20 * body; }, 5s);
   // Read as far as sent: wait until the bytes are in (resident) memory.
-  for (int i = 0; i < 1000 && rss_mib() < before + 250; ++i)
-    std::this_thread::sleep_for(5ms);
+  eventually([&] { return rss_mib() >= before + 250; }, 5s);
   auto held = rss_mib();
   EXPECT_GT(held, before + 250) << "20 half bodies of 31 MiB are held";
   for (int fd : clients)
     ::close(fd);
-  for (int i = 0; i < 1000 && server.counters().open.load() != 0; ++i)
-    std::this_thread::sleep_for(5ms);
+  eventually([&] { return server.counters().open.load() == 0; }, 5s);
   ASSERT_EQ(server.counters().open.load(), 0u);
   auto after = rss_mib();
   std::fprintf(stderr, "resident: %.0f MiB before, %.0f MiB holding, %.0f MiB after\n", before,

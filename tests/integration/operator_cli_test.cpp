@@ -1,7 +1,7 @@
 // The operator's commands for a cluster as a user runs them: llmgw certs,
 // llmgw check, and llmgw node refusing what it cannot run.
-#include "tests/integration/child_process.hpp"
 #include "tests/integration/test_cluster.hpp"
+#include "tests/support/child_process.hpp"
 
 #include <gtest/gtest.h>
 

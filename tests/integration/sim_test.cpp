@@ -4,8 +4,8 @@
 // repeated prompt reports cached tokens.
 #include "net/http_client.hpp"
 #include "net/zmq_parts.hpp"
-#include "tests/integration/child_process.hpp"
 #include "tests/integration/test_cluster.hpp"
+#include "tests/support/child_process.hpp"
 #include "wire/block_hash.hpp"
 #include "wire/kv_events.hpp"
 #include "wire/zmq_message.hpp"

@@ -1,8 +1,10 @@
 #include "tests/integration/test_cluster.hpp"
 
+#include "tests/support/eventually.hpp"
+
 #include "config/pki.hpp"
 #include "routing/replica_index.hpp"
-#include "tests/unit/support.hpp"
+#include "tests/support/captures.hpp"
 
 #include <boost/json.hpp>
 #include <fmt/format.h>
@@ -212,14 +214,7 @@ void test_cluster::signal(const std::string& name, int sig) {
 
 bool test_cluster::eventually(const std::function<bool()>& check,
                               std::chrono::milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    if (check())
-      return true;
-    if (std::chrono::steady_clock::now() > deadline)
-      return false;
-    std::this_thread::sleep_for(20ms);
-  }
+  return test::eventually(check, timeout, std::chrono::milliseconds(20));
 }
 
 bool test_cluster::wait_ready(const std::string& control, std::chrono::milliseconds timeout) {

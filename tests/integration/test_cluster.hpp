@@ -7,7 +7,7 @@
 #pragma once
 
 #include "net/http_client.hpp"
-#include "tests/integration/child_process.hpp"
+#include "tests/support/child_process.hpp"
 
 #include <boost/json/value.hpp>
 

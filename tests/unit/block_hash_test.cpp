@@ -3,7 +3,7 @@
 // If the recipe changes on purpose, regenerate with
 //   golden/make_block_hash_vectors.py
 // and review the diff.
-#include "tests/unit/support.hpp"
+#include "tests/support/captures.hpp"
 #include "wire/block_hash.hpp"
 
 #include <boost/json.hpp>

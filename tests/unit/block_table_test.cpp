@@ -1,6 +1,6 @@
 // The mirror's rules, on the pure block table.
 #include "kv/block_table.hpp"
-#include "tests/unit/support.hpp"
+#include "tests/support/captures.hpp"
 
 #include <boost/json.hpp>
 #include <gtest/gtest.h>

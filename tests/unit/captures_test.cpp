@@ -3,7 +3,7 @@
 // on the wire and medium) gives exactly the capture's `expected` section.
 // The request chains listed in each capture are recomputed with wire/'s
 // hashing and must equal vLLM's digests.
-#include "tests/unit/support.hpp"
+#include "tests/support/captures.hpp"
 #include "wire/block_hash.hpp"
 #include "wire/kv_events.hpp"
 #include "wire/zmq_message.hpp"

@@ -1,7 +1,7 @@
 // Following a publisher through gaps, replays, restarts and bad payloads,
 // with vLLM's own frames (S1_basic) and the block table as the mirror.
 #include "kv/event_stream.hpp"
-#include "tests/unit/support.hpp"
+#include "tests/support/captures.hpp"
 
 #include <boost/json.hpp>
 #include <gtest/gtest.h>

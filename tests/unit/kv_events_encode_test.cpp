@@ -1,7 +1,7 @@
 // The event encoder (llmgw-sim publishes with it) against vLLM's own bytes:
 // every payload of every capture, decoded and encoded again, must come out
 // identical, in both event shapes and both hash forms.
-#include "tests/unit/support.hpp"
+#include "tests/support/captures.hpp"
 #include "wire/kv_events.hpp"
 
 #include <boost/json.hpp>

@@ -1,7 +1,7 @@
 // Golden bytes of every event kind in both shapes, annotated field by field.
 // The bytes are those vLLM's own publisher produced (golden/vllm-captures/
 // wire_dump.txt); the annotations say what each run of bytes means.
-#include "tests/unit/support.hpp"
+#include "tests/support/captures.hpp"
 #include "wire/kv_events.hpp"
 
 #include <gtest/gtest.h>

@@ -1,7 +1,7 @@
 // Hostile payloads: each must give a precise error (what, and at which event
 // and field), never a crash, never an allocation out of proportion to the
 // input.
-#include "tests/unit/support.hpp"
+#include "tests/support/captures.hpp"
 #include "wire/kv_events.hpp"
 
 #include <boost/json.hpp>

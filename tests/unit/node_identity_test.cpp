@@ -3,8 +3,8 @@
 #include "config/node_identity.hpp"
 #include "config/pki.hpp"
 #include "net/node_port_guard.hpp"
-#include "tests/unit/credentials.hpp"
-#include "tests/unit/support.hpp"
+#include "tests/support/captures.hpp"
+#include "tests/support/credentials.hpp"
 
 #include <gtest/gtest.h>
 

@@ -3,7 +3,7 @@
 #include "apps/llmgw-sim/sim_cache.hpp"
 #include "apps/llmgw-sim/sim_text.hpp"
 #include "kv/block_table.hpp"
-#include "tests/unit/support.hpp"
+#include "tests/support/captures.hpp"
 
 #include <boost/json.hpp>
 #include <gtest/gtest.h>

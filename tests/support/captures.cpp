@@ -1,4 +1,4 @@
-#include "tests/unit/support.hpp"
+#include "tests/support/captures.hpp"
 
 #include "wire/block_hash.hpp"
 

@@ -1,4 +1,5 @@
-// Helpers shared by the unit tests: files, hex, and the captures' location.
+// Files, hex, JSON, and the vLLM captures (golden/vllm-captures/, as the build
+// tree holds them), for every test folder.
 #pragma once
 
 #include "kv/block_table.hpp"

@@ -1,4 +1,4 @@
-#include "tests/integration/child_process.hpp"
+#include "tests/support/child_process.hpp"
 
 #include <cerrno>
 #include <csignal>
