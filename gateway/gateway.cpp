@@ -175,44 +175,7 @@ bool gateway::handle_admin(const std::string& path, const http_request& req,
   if (path == "/metrics") {
     if (!method_is(req, path, "GET", respond))
       return true;
-    // The router's and the gateway's own parts are read here; the control
-    // actor's come by message.
-    wire::metrics_text m;
-    plane_.shared_router->append_metrics(m);
-    stats_->append(m);
-    append_http_counters(m, server_->counters(), {{"listener", "gateway"}});
-    if (admin_)
-      append_http_counters(m, admin_->counters(), {{"listener", "admin"}});
-    append_node_port_metrics(m);
-    {
-      std::lock_guard<std::mutex> g(extra_mtx_);
-      if (extra_metrics_)
-        extra_metrics_(m);
-    }
-    auto cache = plane_.token_cache->stats();
-    m.counter("llmgw_tokenize_cache_hits_total",
-              "Text prompts whose tokens the gateway found in the tokenizer's cache.",
-              static_cast<double>(cache.hits));
-    m.counter("llmgw_tokenize_cache_misses_total",
-              "Text prompts the gateway had tokenized (not in the cache).",
-              static_cast<double>(cache.misses));
-    m.gauge("llmgw_tokenize_cache_entries", "Tokenizations held in the cache.",
-            static_cast<double>(cache.entries));
-    m.gauge("llmgw_tokenize_cache_bytes",
-            "Bytes the cache's tokenizations hold (model, body, tokens, overhead).",
-            static_cast<double>(cache.bytes));
-    auto control = plane_.control;
-    sys_.spawn([control, respond, text = m.str()](caf::event_based_actor* self) {
-      self->request(control, std::chrono::seconds(5), metrics_atom::value)
-        .then(
-          [respond, text](const std::string& control_text) {
-            respond(http_reply{200, "text/plain; version=0.0.4", text + control_text, {}});
-          },
-          [respond](const caf::error& e) {
-            respond(
-              error_reply(503, "ServiceUnavailableError", "control actor: " + caf::to_string(e)));
-          });
-    });
+    serve_metrics(respond);
     return true;
   }
   if (path == "/v1/kv/replicas") {
@@ -221,6 +184,49 @@ bool gateway::handle_admin(const std::string& path, const http_request& req,
     return true;
   }
   return false;
+}
+
+std::string gateway::local_metrics() {
+  wire::metrics_text m;
+  plane_.shared_router->append_metrics(m);
+  stats_->append(m);
+  append_http_counters(m, server_->counters(), {{"listener", "gateway"}});
+  if (admin_)
+    append_http_counters(m, admin_->counters(), {{"listener", "admin"}});
+  append_node_port_metrics(m);
+  {
+    std::lock_guard<std::mutex> g(extra_mtx_);
+    if (extra_metrics_)
+      extra_metrics_(m);
+  }
+  auto cache = plane_.token_cache->stats();
+  m.counter("llmgw_tokenize_cache_hits_total",
+            "Text prompts whose tokens the gateway found in the tokenizer's cache.",
+            static_cast<double>(cache.hits));
+  m.counter("llmgw_tokenize_cache_misses_total",
+            "Text prompts the gateway had tokenized (not in the cache).",
+            static_cast<double>(cache.misses));
+  m.gauge("llmgw_tokenize_cache_entries", "Tokenizations held in the cache.",
+          static_cast<double>(cache.entries));
+  m.gauge("llmgw_tokenize_cache_bytes",
+          "Bytes the cache's tokenizations hold (model, body, tokens, overhead).",
+          static_cast<double>(cache.bytes));
+  return m.str();
+}
+
+void gateway::serve_metrics(const http_responder& respond) {
+  auto control = plane_.control;
+  sys_.spawn([control, respond, text = local_metrics()](caf::event_based_actor* self) {
+    self->request(control, std::chrono::seconds(5), metrics_atom::value)
+      .then(
+        [respond, text](const std::string& control_text) {
+          respond(http_reply{200, "text/plain; version=0.0.4", text + control_text, {}});
+        },
+        [respond](const caf::error& e) {
+          respond(
+            error_reply(503, "ServiceUnavailableError", "control actor: " + caf::to_string(e)));
+        });
+  });
 }
 
 void gateway::handle(http_request&& req, http_responder respond) {

@@ -72,6 +72,12 @@ private:
   void handle(http_request&& req, http_responder respond);
   /// The endpoints both listeners serve; false if `path` is none of them.
   bool handle_admin(const std::string& path, const http_request& req, http_responder& respond);
+  /// /metrics: this node's own counters (local_metrics), then the control
+  /// actor's, which come by message.
+  void serve_metrics(const http_responder& respond);
+  /// The router's, the proxy's, the HTTP listeners', the node port's, the
+  /// token cache's and any added (add_metrics) counters, as Prometheus text.
+  std::string local_metrics();
   /// The upstream client on the calling thread's loop.
   std::shared_ptr<http_client> upstream_here() const;
 

@@ -29,6 +29,7 @@
 #include <fcntl.h>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <map>
 #include <sstream>
@@ -215,7 +216,44 @@ struct up_options {
   int ready_timeout_s = 60;
 };
 
-int run_up(const up_options& o) {
+/// A cluster being brought up: its nodes as children, where they log, and
+/// what to wait for.
+struct cluster_run {
+  config::topology topo;
+  sigset_t signals{};
+  std::string logs;                   ///< the folder of the nodes' logs
+  std::string self, config, path_env; ///< how to start `llmgw node`
+  std::vector<child> children;
+  std::vector<std::string> gateways;    ///< each control node's gateway URL
+  std::vector<demo_engine> engines;     ///< every engine of the topology
+  std::vector<std::string> engine_logs; ///< the log of each engine's node
+  std::size_t with_events = 0;          ///< engines with KV events
+  int ready_timeout_s = 60;
+  std::chrono::steady_clock::time_point deadline; ///< of every wait until the cluster is up
+  http_client http;
+
+  void launch(const config::node_spec& n) {
+    child c{n.name, logs + "/" + n.name + ".log", 0, false};
+    c.pid = start_node(self, config, n.name, c.log, path_env);
+    children.push_back(c);
+  }
+
+  /// Polls `ready` every `step` until it holds (true), or until the
+  /// deadline passes or a stop signal arrives (false).
+  bool wait_until(const std::function<bool()>& ready, std::chrono::milliseconds step) {
+    while (!ready()) {
+      timespec zero{0, 0};
+      if (std::chrono::steady_clock::now() > deadline || sigtimedwait(&signals, nullptr, &zero) > 0)
+        return false;
+      std::this_thread::sleep_for(step);
+    }
+    return true;
+  }
+};
+
+/// Loads and checks the topology, making its certificates first if it names
+/// files that do not exist yet; 0, or the exit code after saying why.
+int prepare(const up_options& o, config::topology& topo) {
   auto lenient = config::load_topology(o.config, config::topology_options{false, {}});
   if (!lenient.value) {
     fmt::print(stderr, "llmgw up: {} has problems:\n", o.config);
@@ -236,130 +274,107 @@ int run_up(const up_options& o) {
     fmt::print(stderr, "llmgw up: {}\n", error);
     return 2;
   }
-  config::topology topo;
-  if (!load_or_report(o.config, topo, "up"))
-    return 2;
-  // Signals come to this thread via sigtimedwait; children get them unblocked.
-  auto signals = block_stop_signals();
-  std::string logs = o.logs;
-  if (logs.empty()) {
-    char tmpl[] = "/tmp/llmgw-up-XXXXXX";
-    logs = ::mkdtemp(tmpl);
-  }
-  fs::create_directories(logs);
-  auto self = self_path();
-  const char* old_path = std::getenv("PATH");
-  auto path_env = fs::path(self).parent_path().string() + ":"
-                  + (fs::path(self).parent_path().parent_path() / "apps").string() + ":"
-                  + (old_path ? old_path : "/usr/bin:/bin");
-  auto config = fs::absolute(o.config).string();
-  std::vector<child> children;
-  auto launch = [&](const config::node_spec& n) {
-    child c{n.name, logs + "/" + n.name + ".log", 0, false};
-    c.pid = start_node(self, config, n.name, c.log, path_env);
-    children.push_back(c);
-  };
-  http_client http;
-  std::vector<std::string> gateways;
-  for (const auto* c : topo.controls()) {
-    launch(*c);
-    gateways.push_back(fmt::format(
+  return load_or_report(o.config, topo, "up") ? 0 : 2;
+}
+
+/// Starts the control nodes and waits for their gateways' /healthz.
+bool start_controls(cluster_run& r) {
+  for (const auto* c : r.topo.controls()) {
+    r.launch(*c);
+    r.gateways.push_back(fmt::format(
       "http://{}:{}", c->http_host == "0.0.0.0" ? "127.0.0.1" : c->http_host, c->http_port));
   }
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(o.ready_timeout_s);
-  auto interrupted = [&] {
-    timespec zero{0, 0};
-    return sigtimedwait(&signals, nullptr, &zero) > 0;
-  };
-  for (const auto& g : gateways)
-    while (get(http, g, "/healthz").status != 200) {
-      if (std::chrono::steady_clock::now() > deadline || interrupted()) {
-        fmt::print(stderr, "llmgw up: the gateway at {} did not come up; logs in {}\n", g, logs);
-        stop_all(children);
-        return 1;
-      }
-      std::this_thread::sleep_for(50ms);
+  for (const auto& g : r.gateways)
+    if (!r.wait_until([&] { return get(r.http, g, "/healthz").status == 200; }, 50ms)) {
+      fmt::print(stderr, "llmgw up: the gateway at {} did not come up; logs in {}\n", g, r.logs);
+      return false;
     }
-  std::size_t with_events = 0;
-  std::vector<demo_engine> engines;
-  std::vector<std::string> engine_logs; // the log of each engine's node
-  for (const auto& n : topo.nodes) {
+  return true;
+}
+
+/// Starts the agent nodes (which launch the engines) and waits until every
+/// replica with KV events has its state at the first control node.
+bool start_agents(cluster_run& r) {
+  for (const auto& n : r.topo.nodes) {
     if (n.roles.agent && !n.roles.control)
-      launch(n);
+      r.launch(n);
     for (const auto& e : n.engines) {
-      with_events += e.kv_events;
-      engines.push_back({e.replica, e.url});
-      engine_logs.push_back(logs + "/" + n.name + ".log");
+      r.with_events += e.kv_events;
+      r.engines.push_back({e.replica, e.url});
+      r.engine_logs.push_back(r.logs + "/" + n.name + ".log");
     }
   }
   fmt::print("llmgw up: {} node{} started, waiting for {} replica{} to send their KV state "
              "(logs in {})\n",
-             children.size(), children.size() == 1 ? "" : "s", with_events,
-             with_events == 1 ? "" : "s", logs);
-  while (replicas_with_state(http, gateways[0]) < with_events) {
-    if (std::chrono::steady_clock::now() > deadline || interrupted()) {
-      fmt::print(stderr, "llmgw up: not every replica came up in {} s; logs in {}\n",
-                 o.ready_timeout_s, logs);
-      stop_all(children);
-      return 1;
-    }
-    std::this_thread::sleep_for(100ms);
+             r.children.size(), r.children.size() == 1 ? "" : "s", r.with_events,
+             r.with_events == 1 ? "" : "s", r.logs);
+  if (!r.wait_until([&] { return replicas_with_state(r.http, r.gateways[0]) >= r.with_events; },
+                    100ms)) {
+    fmt::print(stderr, "llmgw up: not every replica came up in {} s; logs in {}\n",
+               r.ready_timeout_s, r.logs);
+    return false;
   }
-  // An engine that cannot start (its port taken, a bad flag) restarts with
-  // backoff forever and the gateway routes around it; say so here rather
-  // than call the cluster up. vLLM and llmgw-sim answer GET /health.
-  for (;;) {
-    std::vector<std::size_t> silent;
-    for (std::size_t i = 0; i < engines.size(); ++i)
-      if (get(http, engines[i].url, "/health").status != 200)
+  return true;
+}
+
+/// Waits until every engine answers GET /health (vLLM and llmgw-sim do). An
+/// engine that cannot start (its port taken, a bad flag) restarts with
+/// backoff forever and the gateway routes around it: it is named, with what
+/// its node's log says about it, rather than the cluster called up.
+bool wait_for_engines(cluster_run& r) {
+  std::vector<std::size_t> silent;
+  auto all_answer = [&] {
+    silent.clear();
+    for (std::size_t i = 0; i < r.engines.size(); ++i)
+      if (get(r.http, r.engines[i].url, "/health").status != 200)
         silent.push_back(i);
-    if (silent.empty())
-      break;
-    if (std::chrono::steady_clock::now() > deadline || interrupted()) {
-      for (auto i : silent) {
-        fmt::print(stderr, "llmgw up: engine {} at {} is not answering GET /health\n",
-                   engines[i].replica, engines[i].url);
-        auto port = engines[i].url.substr(engines[i].url.rfind(':') + 1);
-        auto said = last_lines_with(engine_logs[i],
-                                    {":" + port + ":", "engine " + engines[i].replica + ":"}, 4);
-        if (!said.empty())
-          fmt::print(stderr, "  from {}:\n", engine_logs[i]);
-        for (const auto& l : said)
-          fmt::print(stderr, "    {}\n", l);
-      }
-      stop_all(children);
-      return 1;
-    }
-    std::this_thread::sleep_for(100ms);
+    return silent.empty();
+  };
+  if (r.wait_until(all_answer, 100ms))
+    return true;
+  for (auto i : silent) {
+    const auto& e = r.engines[i];
+    fmt::print(stderr, "llmgw up: engine {} at {} is not answering GET /health\n", e.replica,
+               e.url);
+    auto port = e.url.substr(e.url.rfind(':') + 1);
+    auto said =
+      last_lines_with(r.engine_logs[i], {":" + port + ":", "engine " + e.replica + ":"}, 4);
+    if (!said.empty())
+      fmt::print(stderr, "  from {}:\n", r.engine_logs[i]);
+    for (const auto& l : said)
+      fmt::print(stderr, "    {}\n", l);
   }
-  fmt::print("llmgw up: cluster '{}' is up; the gateway is {}\n", topo.name, gateways[0]);
-  int code = 0;
-  if (o.demo) {
-    demo_options d;
-    d.gateway_url = gateways[0];
-    d.model = engines.empty() ? std::string{} : topo.find_engine(engines[0].replica)->model;
-    d.engines = engines;
-    auto s = run_demo(d);
-    code = s.failed == 0 ? 0 : 1;
-    if (o.exit_after_demo) {
-      stop_all(children);
-      return code;
-    }
-    fmt::print("\nllmgw up: still serving at {}; try\n  curl -s {}/v1/chat/completions "
-               "-H 'Content-Type: application/json' -d '{{\"model\": \"{}\", \"messages\": "
-               "[{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'\nCtrl-C stops the cluster.\n",
-               gateways[0], gateways[0], d.model);
-  }
+  return false;
+}
+
+/// The status line: nodes alive, replicas with KV state, decisions by tier.
+std::string status_line(cluster_run& r) {
+  auto m = get(r.http, r.gateways[0], "/metrics").body;
+  auto tier = [&](const char* t) {
+    return metric(m, fmt::format("llmgw_prefix_decisions_total{{tier=\"{}\"}}", t));
+  };
+  std::size_t alive = 0;
+  for (const auto& c : r.children)
+    alive += !c.exited;
+  return fmt::format(
+    "llmgw up: {}/{} nodes, {}/{} replicas with KV state, {} routed (kv {}, approx {}, load {})",
+    alive, r.children.size(), replicas_with_state(r.http, r.gateways[0]), r.with_events,
+    tier("kv") + tier("approx") + tier("load"), tier("kv"), tier("approx"), tier("load"));
+}
+
+/// Shows the status line (every second on a terminal, every 30 s in a log)
+/// and says when a node exits, until SIGINT or SIGTERM.
+void serve_until_stopped(cluster_run& r) {
   bool tty = ::isatty(1);
   auto last = std::chrono::steady_clock::now() - 1h;
   for (;;) {
     timespec tick{0, 250000000};
-    int sig = sigtimedwait(&signals, nullptr, &tick);
+    int sig = sigtimedwait(&r.signals, nullptr, &tick);
     if (sig > 0) {
       fmt::print("\nllmgw up: {}: stopping every node\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
-      break;
+      return;
     }
-    for (auto& c : children)
+    for (auto& c : r.children)
       if (!c.exited && ::waitpid(c.pid, nullptr, WNOHANG) == c.pid) {
         c.exited = true;
         fmt::print("\nllmgw up: node {} exited; its log: {}\n", c.node, c.log);
@@ -368,23 +383,54 @@ int run_up(const up_options& o) {
     if (now - last < (tty ? 1s : 30s))
       continue;
     last = now;
-    auto m = get(http, gateways[0], "/metrics").body;
-    std::size_t alive = 0;
-    for (const auto& c : children)
-      alive += !c.exited;
-    auto line = fmt::format(
-      "llmgw up: {}/{} nodes, {}/{} replicas with KV state, {} routed (kv {}, approx {}, load {})",
-      alive, children.size(), replicas_with_state(http, gateways[0]), with_events,
-      metric(m, "llmgw_prefix_decisions_total{tier=\"kv\"}")
-        + metric(m, "llmgw_prefix_decisions_total{tier=\"approx\"}")
-        + metric(m, "llmgw_prefix_decisions_total{tier=\"load\"}"),
-      metric(m, "llmgw_prefix_decisions_total{tier=\"kv\"}"),
-      metric(m, "llmgw_prefix_decisions_total{tier=\"approx\"}"),
-      metric(m, "llmgw_prefix_decisions_total{tier=\"load\"}"));
-    fmt::print(tty ? "\r{:<110}" : "{}\n", line);
+    fmt::print(tty ? "\r{:<110}" : "{}\n", status_line(r));
     std::fflush(stdout);
   }
-  stop_all(children);
+}
+
+int run_up(const up_options& o) {
+  cluster_run r;
+  if (int code = prepare(o, r.topo))
+    return code;
+  // Signals come to this thread via sigtimedwait; children get them unblocked.
+  r.signals = block_stop_signals();
+  r.logs = o.logs;
+  if (r.logs.empty()) {
+    char tmpl[] = "/tmp/llmgw-up-XXXXXX";
+    r.logs = ::mkdtemp(tmpl);
+  }
+  fs::create_directories(r.logs);
+  r.self = self_path();
+  const char* old_path = std::getenv("PATH");
+  auto bin = fs::path(r.self).parent_path();
+  r.path_env = bin.string() + ":" + (bin.parent_path() / "apps").string() + ":"
+               + (old_path ? old_path : "/usr/bin:/bin");
+  r.config = fs::absolute(o.config).string();
+  r.ready_timeout_s = o.ready_timeout_s;
+  r.deadline = std::chrono::steady_clock::now() + std::chrono::seconds(o.ready_timeout_s);
+  if (!start_controls(r) || !start_agents(r) || !wait_for_engines(r)) {
+    stop_all(r.children);
+    return 1;
+  }
+  fmt::print("llmgw up: cluster '{}' is up; the gateway is {}\n", r.topo.name, r.gateways[0]);
+  int code = 0;
+  if (o.demo) {
+    demo_options d;
+    d.gateway_url = r.gateways[0];
+    d.model = r.engines.empty() ? std::string{} : r.topo.find_engine(r.engines[0].replica)->model;
+    d.engines = r.engines;
+    code = run_demo(d).failed == 0 ? 0 : 1;
+    if (o.exit_after_demo) {
+      stop_all(r.children);
+      return code;
+    }
+    fmt::print("\nllmgw up: still serving at {}; try\n  curl -s {}/v1/chat/completions "
+               "-H 'Content-Type: application/json' -d '{{\"model\": \"{}\", \"messages\": "
+               "[{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'\nCtrl-C stops the cluster.\n",
+               r.gateways[0], r.gateways[0], d.model);
+  }
+  serve_until_stopped(r);
+  stop_all(r.children);
   fmt::print("llmgw up: stopped\n");
   return code;
 }

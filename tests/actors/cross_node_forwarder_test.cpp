@@ -8,7 +8,7 @@
 #include "tests/support/batches.hpp"
 #include "tests/support/captures.hpp"
 #include "tests/support/eventually.hpp"
-#include "tests/support/fake_control.hpp"
+#include "tests/support/loopback_control.hpp"
 
 #include <boost/json.hpp>
 #include <caf/all.hpp>
@@ -21,14 +21,6 @@ using namespace std::chrono_literals;
 using namespace llmgw;
 
 namespace {
-
-struct node_config : caf::actor_system_config {
-  node_config() {
-    load<caf::io::middleman>();
-    register_message_types(*this);
-    set("scheduler.max-threads", 2);
-  }
-};
 
 std::vector<test::batch_ptr> s2_batches() {
   std::vector<test::batch_ptr> out;
@@ -43,14 +35,11 @@ std::vector<test::batch_ptr> s2_batches() {
 } // namespace
 
 TEST(cross_node, forwarder_session_and_acks_cross_the_network) {
-  node_config control_cfg;
-  caf::actor_system control_sys{control_cfg};
-  auto log = std::make_shared<llmgw::test::control_record>();
-  auto control = control_sys.spawn(llmgw::test::recording_control, log);
-  auto port = control_sys.middleman().publish(control, 0, "127.0.0.1");
-  ASSERT_TRUE(port) << control_sys.render(port.error());
+  test::loopback_control control;
+  ASSERT_NE(control.port, 0) << control.error;
+  auto log = control.record;
 
-  node_config agent_cfg;
+  test::loopback_node_config agent_cfg;
   caf::actor_system agent_sys{agent_cfg};
   auto m = agent_sys.spawn(mirror, std::string("r0"), std::uint32_t{0},
                            std::optional<kv::parity_config>{});
@@ -60,7 +49,7 @@ TEST(cross_node, forwarder_session_and_acks_cross_the_network) {
   opts.flush_interval = 20ms;
   opts.window = 2;
   auto fwd = agent_sys.spawn(forwarder, opts, std::vector<mirror_entry>{{"r0", m}},
-                             middleman_connector("127.0.0.1", *port, 5s));
+                             middleman_connector("127.0.0.1", control.port, 5s));
   // Churn in rounds, each waiting for a flush: far more updates than the
   // window allows, so they only all arrive if acks come back over the wire.
   auto batches = s2_batches();
@@ -81,11 +70,10 @@ TEST(cross_node, forwarder_session_and_acks_cross_the_network) {
   }
   caf::anon_send_exit(fwd, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(m, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(control, caf::exit_reason::user_shutdown);
 }
 
 TEST(cross_node, connector_refuses_an_actor_with_another_interface) {
-  node_config other_cfg;
+  test::loopback_node_config other_cfg;
   caf::actor_system other_sys{other_cfg};
   auto received_any = std::make_shared<std::atomic<int>>(0);
   auto stranger = other_sys.spawn([received_any](caf::event_based_actor* self) -> caf::behavior {
@@ -99,7 +87,7 @@ TEST(cross_node, connector_refuses_an_actor_with_another_interface) {
   auto port = other_sys.middleman().publish(stranger, 0, "127.0.0.1");
   ASSERT_TRUE(port);
 
-  node_config agent_cfg;
+  test::loopback_node_config agent_cfg;
   caf::actor_system agent_sys{agent_cfg};
   forwarder_options opts;
   opts.node = "agent-a";

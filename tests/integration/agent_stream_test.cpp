@@ -11,7 +11,7 @@
 #include "tests/integration/replay_service.hpp"
 #include "tests/support/captures.hpp"
 #include "tests/support/eventually.hpp"
-#include "tests/support/fake_control.hpp"
+#include "tests/support/loopback_control.hpp"
 #include "wire/zmq_message.hpp"
 
 #include <boost/json.hpp>
@@ -225,28 +225,15 @@ TEST(agent_stream, replay_fills_a_gap_without_reset) {
 
 // The whole agent path: publisher -> subscriber -> mirror -> forwarder ->
 // (CAF over loopback) -> a control node's copy, for the churn capture.
-namespace {
-
-struct net_config : caf::actor_system_config {
-  net_config() {
-    load<caf::io::middleman>();
-    register_message_types(*this);
-    set("scheduler.max-threads", 2);
-  }
-};
-
-} // namespace
+namespace {} // namespace
 
 TEST(agent_path, the_control_nodes_copy_equals_the_engines_blocks) {
-  net_config control_cfg;
-  caf::actor_system control_sys{control_cfg};
-  auto copy = std::make_shared<llmgw::test::control_record>();
-  auto control = control_sys.spawn(llmgw::test::recording_control, copy);
-  auto port = control_sys.middleman().publish(control, 0, "127.0.0.1");
-  ASSERT_TRUE(port) << control_sys.render(port.error());
+  llmgw::test::loopback_control control;
+  ASSERT_NE(control.port, 0) << control.error;
+  auto copy = control.record;
 
   auto c = load("S2_churn.map.int.json");
-  net_config agent_cfg;
+  llmgw::test::loopback_node_config agent_cfg;
   caf::actor_system agent_sys{agent_cfg};
   auto m = agent_sys.spawn(mirror, std::string("r0"), std::uint32_t{0},
                            std::optional<kv::parity_config>(kv::parity_config{"0", 16}));
@@ -262,7 +249,7 @@ TEST(agent_path, the_control_nodes_copy_equals_the_engines_blocks) {
   fopts.control = "control-1";
   fopts.flush_interval = 50ms;
   auto fwd = agent_sys.spawn(forwarder, fopts, std::vector<mirror_entry>{{"r0", m}},
-                             middleman_connector("127.0.0.1", *port, 5s));
+                             middleman_connector("127.0.0.1", control.port, 5s));
   {
     publisher pub(bound.endpoint);
     for (const auto& f : c.frames)
@@ -280,16 +267,12 @@ TEST(agent_path, the_control_nodes_copy_equals_the_engines_blocks) {
   caf::anon_send_exit(sub, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(fwd, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(m, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(control, caf::exit_reason::user_shutdown);
 }
 
 TEST(agent_node, launches_an_engine_and_forwards_its_blocks) {
-  net_config control_cfg;
-  caf::actor_system control_sys{control_cfg};
-  auto copy = std::make_shared<llmgw::test::control_record>();
-  auto control = control_sys.spawn(llmgw::test::recording_control, copy);
-  auto port = control_sys.middleman().publish(control, 0, "127.0.0.1");
-  ASSERT_TRUE(port) << control_sys.render(port.error());
+  llmgw::test::loopback_control control;
+  ASSERT_NE(control.port, 0) << control.error;
+  auto copy = control.record;
 
   auto capture = llmgw::test::capture_path("S3_lora_salt.map.int.json");
   auto c = load("S3_lora_salt.map.int.json");
@@ -306,9 +289,9 @@ TEST(agent_node, launches_an_engine_and_forwards_its_blocks) {
   agent_engine_config attached; // already running elsewhere, no events
   attached.replica = "r1";
   cfg.engines.push_back(attached);
-  cfg.controls.push_back({"control-1", "127.0.0.1", *port, {}});
+  cfg.controls.push_back({"control-1", "127.0.0.1", control.port, {}});
 
-  net_config agent_cfg;
+  llmgw::test::loopback_node_config agent_cfg;
   caf::actor_system agent_sys{agent_cfg};
   auto handles = start_agent(agent_sys, cfg);
   ASSERT_EQ(handles.events_endpoints.size(), 2u);
@@ -330,19 +313,15 @@ TEST(agent_node, launches_an_engine_and_forwards_its_blocks) {
       << " updates, expected " << c.expected.size();
   }
   stop_agent(handles);
-  caf::anon_send_exit(control, caf::exit_reason::user_shutdown);
   agent_sys.await_all_actors_done();
   remove_runtime_dir(handles);
   EXPECT_NE(::access(handles.runtime_dir.c_str(), F_OK), 0) << "removed once the agent stopped";
 }
 
 TEST(agent_node, data_parallel_ranks_have_their_own_ports_and_mirrors) {
-  net_config control_cfg;
-  caf::actor_system control_sys{control_cfg};
-  auto copy = std::make_shared<llmgw::test::control_record>();
-  auto control = control_sys.spawn(llmgw::test::recording_control, copy);
-  auto port = control_sys.middleman().publish(control, 0, "127.0.0.1");
-  ASSERT_TRUE(port) << control_sys.render(port.error());
+  llmgw::test::loopback_control control;
+  ASSERT_NE(control.port, 0) << control.error;
+  auto copy = control.record;
 
   auto rank0 = load("S1_basic.map.int.json");
   auto rank1 = load("S6_dp.map.int.json"); // recorded from a rank-1 publisher
@@ -355,8 +334,8 @@ TEST(agent_node, data_parallel_ranks_have_their_own_ports_and_mirrors) {
   engine.kv_events = true;
   engine.dp_size = 2;
   cfg.engines.push_back(engine);
-  cfg.controls.push_back({"control-1", "127.0.0.1", *port, {}});
-  net_config agent_cfg;
+  cfg.controls.push_back({"control-1", "127.0.0.1", control.port, {}});
+  llmgw::test::loopback_node_config agent_cfg;
   caf::actor_system agent_sys{agent_cfg};
   auto handles = start_agent(agent_sys, cfg);
   ASSERT_EQ(handles.mirrors.size(), 2u) << "one mirror per rank";
@@ -380,7 +359,6 @@ TEST(agent_node, data_parallel_ranks_have_their_own_ports_and_mirrors) {
     EXPECT_TRUE(equal) << "each rank's blocks arrive under its own rank";
   }
   stop_agent(handles);
-  caf::anon_send_exit(control, caf::exit_reason::user_shutdown);
 }
 
 TEST(agent_stream, a_message_over_the_size_limit_cuts_its_publisher_off_unread) {
