@@ -155,7 +155,7 @@ private:
       self->on_head(status, hs);
     };
     h.on_data = [self](const std::string& data) { self->on_data(data); };
-    h.on_done = [self](const std::string& err) { self->on_done(err); };
+    h.on_done = [self](const http_error& err) { self->on_done(err); };
     auto upstream = ctx_.upstream.lock();
     if (!upstream) { // the gateway is shutting down
       ctx_.plane.shared_router->finished(d.replica);
@@ -207,13 +207,13 @@ private:
     body_ += data;
   }
 
-  void on_done(const std::string& err) {
+  void on_done(const http_error& err) {
     std::unique_lock<std::mutex> g(mtx_);
     ctx_.plane.shared_router->finished(decision_.replica);
     call_.reset();
     if (gone_)
       return;
-    if (err.empty()) {
+    if (err.ok()) {
       if (streaming_) {
         stream_->end();
       } else {
@@ -228,16 +228,17 @@ private:
       return;
     }
     // The replica failed.
-    auto reason = err.rfind("connect", 0) == 0                 ? "connect"
-                  : err.find("timed out") != std::string::npos ? "timeout"
-                                                               : "broken";
+    const char* reason = err.kind == http_failure::connect   ? "connect"
+                         : err.kind == http_failure::timeout ? "timeout"
+                                                             : "broken";
     {
       std::lock_guard<std::mutex> s(ctx_.stats->mtx);
       ++ctx_.stats->failures[{decision_.replica, head_ ? "after_first_byte" : reason}];
     }
     if (auto n = ctx_.stats->failure_log.admit(decision_.replica + "/" + reason))
       LLMGW_LOG(warning, "gateway", "replica {} failed a request ({}){}{}", decision_.replica,
-                log::printable(err), head_ ? ": the response is cut short" : "", burst_note(n));
+                log::printable(err.message), head_ ? ": the response is cut short" : "",
+                burst_note(n));
     if (head_) {
       if (streaming_) {
         stream_->end();
@@ -247,13 +248,13 @@ private:
       } else {
         g.unlock();
         finish_error(502, "BadGatewayError",
-                     "replica " + decision_.replica + " failed mid-response: " + err);
+                     "replica " + decision_.replica + " failed mid-response: " + err.message);
       }
       return;
     }
     // Nothing was relayed: avoid this replica for a while and try the next.
     ctx_.plane.shared_router->mark_down(decision_.replica, ctx_.topo->gateway.down_for);
-    last_error_ = "replica " + decision_.replica + ": " + err;
+    last_error_ = "replica " + decision_.replica + ": " + err.message;
     if (tried_.size() >= ctx_.topo->gateway.max_attempts) {
       g.unlock();
       finish_error(502, "BadGatewayError",

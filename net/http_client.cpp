@@ -31,6 +31,24 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
 
+const char* to_string(http_failure f) noexcept {
+  switch (f) {
+  case http_failure::none:
+    return "none";
+  case http_failure::connect:
+    return "connect";
+  case http_failure::timeout:
+    return "timeout";
+  case http_failure::broken:
+    return "broken";
+  case http_failure::cancelled:
+    return "cancelled";
+  case http_failure::refused:
+    return "refused";
+  }
+  return "?";
+}
+
 namespace {
 
 /// Connections run on the client's one-thread loop, with its executor named
@@ -172,7 +190,7 @@ private:
   /// idle connection or connects.
   void begin() {
     if (cancelled_)
-      return finish("cancelled");
+      return finish({http_failure::cancelled, "cancelled"});
     stream_ = pool_->take(key_);
     if (stream_) {
       reused_ = true;
@@ -216,7 +234,7 @@ private:
     resolver_->async_resolve(
       host_, port_, [self](beast::error_code ec, const tcp::resolver::results_type& rs) {
         if (ec)
-          return self->finish(self->timed_out_ ? "resolve: timed out" : "resolve: " + ec.message());
+          return self->finish(self->describe("resolve", ec));
         asio::async_connect(self->stream_->socket, rs,
                             [self](beast::error_code ec2, const tcp::endpoint&) {
                               if (ec2)
@@ -229,12 +247,15 @@ private:
       });
   }
 
-  std::string describe(const char* what, const beast::error_code& ec) const {
+  /// Why step `what` ("resolve", "connect", "write", "read") failed.
+  http_error describe(const char* what, const beast::error_code& ec) const {
     if (cancelled_)
-      return "cancelled";
+      return {http_failure::cancelled, "cancelled"};
     if (timed_out_)
-      return std::string(what) + ": timed out";
-    return std::string(what) + ": " + ec.message();
+      return {http_failure::timeout, std::string(what) + ": timed out"};
+    bool connecting = std::string_view(what) == "resolve" || std::string_view(what) == "connect";
+    return {connecting ? http_failure::connect : http_failure::broken,
+            std::string(what) + ": " + ec.message()};
   }
 
   /// A pooled connection the upstream closed meanwhile fails at once: that
@@ -268,24 +289,25 @@ private:
     parser_->body_limit(boost::none); // streamed through, not held
     parser_->header_limit(64u << 10); // an engine's head; Beast's default is 8 KiB
     auto self = shared_from_this();
-    http::async_read_header(stream_->socket, stream_->buffer, *parser_,
-                            [self](beast::error_code ec, std::size_t) {
-                              if (ec) {
-                                if (self->retry_fresh())
-                                  return;
-                                return self->finish(self->describe("read", ec));
-                              }
-                              self->got_head_ = true; // the request arrived: never resent
-                              auto status = self->parser_->get().result_int();
-                              if (status >= 200)
-                                return self->on_head();
-                              if (status == 101) // no Upgrade is ever sent
-                                return self->finish("read: an unasked switch of protocols (101)");
-                              if (++self->interim_ > max_interim)
-                                return self->finish("read: more than " + std::to_string(max_interim)
-                                                    + " interim (1xx) answers");
-                              self->read_head();
-                            });
+    http::async_read_header(
+      stream_->socket, stream_->buffer, *parser_, [self](beast::error_code ec, std::size_t) {
+        if (ec) {
+          if (self->retry_fresh())
+            return;
+          return self->finish(self->describe("read", ec));
+        }
+        self->got_head_ = true; // the request arrived: never resent
+        auto status = self->parser_->get().result_int();
+        if (status >= 200)
+          return self->on_head();
+        if (status == 101) // no Upgrade is ever sent
+          return self->finish({http_failure::broken, "read: an unasked switch of protocols (101)"});
+        if (++self->interim_ > max_interim)
+          return self->finish(
+            {http_failure::broken,
+             "read: more than " + std::to_string(max_interim) + " interim (1xx) answers"});
+        self->read_head();
+      });
   }
 
   void on_head() {
@@ -300,7 +322,7 @@ private:
 
   void read_body() {
     if (parser_->is_done())
-      return finish("");
+      return finish({});
     auto& c = *stream_;
     parser_->get().body().data = c.chunk;
     parser_->get().body().size = sizeof c.chunk;
@@ -318,13 +340,13 @@ private:
     });
   }
 
-  void finish(const std::string& error) {
+  void finish(const http_error& error) {
     if (done_)
       return;
     done_ = true;
     deadline_timer_.cancel();
-    bool reusable = error.empty() && parser_ && parser_->is_done() && parser_->keep_alive()
-                    && stream_ && stream_->buffer.size() == 0 && !cancelled_;
+    bool reusable = error.ok() && parser_ && parser_->is_done() && parser_->keep_alive() && stream_
+                    && stream_->buffer.size() == 0 && !cancelled_;
     if (reusable) {
       pool_->give(key_, std::move(stream_));
     } else if (stream_) {
@@ -410,13 +432,14 @@ void http_client::request(const std::string& method, const std::string& base_url
     }
     c->response.body += data;
   };
-  h.on_done = [c, done = std::move(done)](const std::string& error) {
+  h.on_done = [c, done = std::move(done)](const http_error& error) {
     auto r = std::move(c->response);
-    if (c->too_large || !error.empty()) {
+    if (c->too_large || !error.ok()) {
       r.status = 0;
       r.body.clear();
-      r.error =
-        c->too_large ? "read: the body exceeds " + std::to_string(max_body) + " bytes" : error;
+      r.failure = c->too_large ? http_failure::broken : error.kind;
+      r.error = c->too_large ? "read: the body exceeds " + std::to_string(max_body) + " bytes"
+                             : error.message;
     }
     done(std::move(r));
   };
@@ -435,7 +458,8 @@ http_client::call(const std::string& method, const std::string& base_url, const 
   auto url = wire::parse_http_url(base_url);
   if (!url || http::string_to_verb(method) == http::verb::unknown) {
     if (handlers.on_done)
-      handlers.on_done("not an http://HOST:PORT URL or HTTP method: " + base_url + " " + method);
+      handlers.on_done({http_failure::refused,
+                        "not an http://HOST:PORT URL or HTTP method: " + base_url + " " + method});
     return nullptr;
   }
   auto c = std::make_shared<streaming_call>(impl_->io(), impl_->pool, method, std::move(url->host),

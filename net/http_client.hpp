@@ -16,25 +16,45 @@ namespace llmgw {
 
 class io_loop;
 
+/// Why a call ended without a complete response.
+enum class http_failure : std::uint8_t {
+  none,      ///< the response is complete
+  connect,   ///< resolving or connecting failed: nothing was sent
+  timeout,   ///< the deadline passed
+  broken,    ///< writing or reading failed, or the answer was not HTTP the client takes
+  cancelled, ///< cancel() was called
+  refused,   ///< not a call the client makes (the URL or the method)
+};
+const char* to_string(http_failure f) noexcept;
+
+/// How a call ended: `kind` for code to decide on, `message` for people
+/// ("connect: Connection refused", "read: timed out").
+struct http_error {
+  http_failure kind = http_failure::none;
+  std::string message;
+  bool ok() const noexcept { return kind == http_failure::none; }
+};
+
 /// An HTTP answer, or why there is none (status 0).
 struct http_response {
   int status = 0;
   std::string body;
   std::string error; ///< set when status is 0: connect, write or read failed, or timed out
+  http_failure failure = http_failure::none;
 };
 
 /// Callbacks of a streamed call, run on the client's thread, in this order:
 /// on_head once (if a response arrived), on_data for each piece of the body
-/// as it arrives, on_done once ("" when the response is complete, else why
-/// not: connect, timeout, reset, cancelled).
+/// as it arrives, on_done once (ok() when the response is complete, else why
+/// not).
 struct http_call_handlers {
   std::function<void(int status, const std::vector<std::pair<std::string, std::string>>& headers)>
     on_head;
   std::function<void(const std::string& data)> on_data;
-  std::function<void(const std::string& error)> on_done;
+  std::function<void(const http_error& error)> on_done;
 };
 
-/// A call in flight; cancel() ends it (on_done gets "cancelled").
+/// A call in flight; cancel() ends it (on_done gets http_failure::cancelled).
 class http_call {
 public:
   virtual ~http_call() = default;

@@ -64,9 +64,9 @@ one_answer chat(http_client& http, const std::string& base, const json::object& 
                std::lock_guard<std::mutex> g(mtx);
                text += d;
              },
-             [&](const std::string& e) {
+             [&](const http_error& e) {
                std::lock_guard<std::mutex> g(mtx);
-               a.error = e;
+               a.error = e.message;
                done.set_value();
              }});
   done.get_future().wait();

@@ -183,8 +183,8 @@ struct gateway_test : ::testing::Test {
                    std::lock_guard<std::mutex> g(mtx);
                    a.body += d;
                  },
-                 [&](const std::string& e) {
-                   a.error = e;
+                 [&](const http_error& e) {
+                   a.error = e.message;
                    done.set_value();
                  }});
     EXPECT_EQ(done.get_future().wait_for(15s), std::future_status::ready);
@@ -264,7 +264,7 @@ TEST_F(gateway_test, an_event_stream_is_relayed_as_it_arrives) {
                  std::lock_guard<std::mutex> g(mtx);
                  got += d;
                },
-               [&](const std::string&) { done.set_value(); }});
+               [&](const http_error&) { done.set_value(); }});
   bool first = test::eventually(
     [&] {
       std::lock_guard<std::mutex> g(mtx);
@@ -427,7 +427,7 @@ TEST_F(interim_gateway_test, concurrent_clients_each_get_exactly_their_own_answe
                      answer->first = s;
                    },
                    [answer](const std::string& d) { answer->second += d; },
-                   [&got, answer](const std::string&) { got.set_value(*answer); }});
+                   [&got, answer](const http_error&) { got.set_value(*answer); }});
         auto f = got.get_future();
         if (f.wait_for(15s) != std::future_status::ready)
           return;

@@ -222,16 +222,20 @@ TEST(http_client, errors_and_deadlines) {
   auto refused = post(1, "/", ""); // nothing listens on port 1
   EXPECT_EQ(refused.status, 0);
   EXPECT_EQ(refused.error.rfind("connect: ", 0), 0u) << refused.error;
+  EXPECT_EQ(refused.failure, http_failure::connect);
   silent_server silent;
   auto start = std::chrono::steady_clock::now();
   auto slow = post(silent.server.port(), "/", "", 200ms);
   EXPECT_EQ(slow.error, "read: timed out");
+  EXPECT_EQ(slow.failure, http_failure::timeout);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
   http_client client;
   std::promise<http_response> bad_url;
   client.post_json("https://127.0.0.1:1", "/", "", 1s,
                    [&bad_url](http_response r) { bad_url.set_value(std::move(r)); });
-  EXPECT_NE(bad_url.get_future().get().error.find("not an http://HOST:PORT URL"), std::string::npos)
+  auto refused_url = bad_url.get_future().get();
+  EXPECT_EQ(refused_url.failure, http_failure::refused);
+  EXPECT_NE(refused_url.error.find("not an http://HOST:PORT URL"), std::string::npos)
     << "the client takes the topology's URL form only (wire::parse_http_url)";
 }
 
@@ -571,7 +575,7 @@ struct call_log {
               std::lock_guard<std::mutex> g(mtx);
               pieces.push_back(std::move(d));
             },
-            [this](const std::string& e) { done.set_value(e); }};
+            [this](const http_error& e) { done.set_value(e.message); }};
   }
   std::string joined() {
     std::lock_guard<std::mutex> g(mtx);

@@ -127,7 +127,7 @@ answer post(http_client& http, const std::string& base, const std::string& path,
                a.pieces.push_back(d);
                a.body += d;
              },
-             [&](const std::string&) { done.set_value(); }});
+             [&](const http_error&) { done.set_value(); }});
   done.get_future().wait();
   std::lock_guard<std::mutex> g(mtx);
   return a;

@@ -148,13 +148,14 @@ struct sim_process {
                  std::lock_guard<std::mutex> g(mtx);
                  out.body += d;
                },
-               [&](const std::string& e) {
+               [&](const http_error& e) {
                  // Copied under the lock, handed over after it: once the
                  // promise is set, this function returns and `mtx` is gone.
                  http_response done;
                  {
                    std::lock_guard<std::mutex> g(mtx);
-                   out.error = e;
+                   out.error = e.message;
+                   out.failure = e.kind;
                    done = out;
                  }
                  p.set_value(std::move(done));
