@@ -1,16 +1,8 @@
-// llmgw-sim's engine: data-parallel ranks, each a KV cache (sim_cache) and a
-// KV event publisher, driven by one scheduler thread, behind vLLM's HTTP API.
-//
-// A request is admitted to a rank (X-data-parallel-rank, else the least
-// busy), waits if the rank's free blocks do not suffice, and then costs
-// base_ms + prefill_us_per_token x (prompt tokens not found in the cache)
-// before its first token, and decode_ms_per_token per further token: routing
-// quality shows up as time to first token. Generated text is deterministic.
-//
-// HTTP (vLLM's shapes): POST /v1/completions and /v1/chat/completions
-// (stream too; usage.prompt_tokens_details.cached_tokens with
-// --enable-prompt-tokens-details), POST /tokenize, GET /v1/models, /health,
-// /metrics, POST /reset_prefix_cache.
+// llmgw-sim's engine, assembled from its parts: data-parallel ranks, each a
+// KV cache (sim_cache) and a KV event publisher (sim_publisher, from
+// vLLM's --kv-events-config), run by one scheduler thread (sim_scheduler:
+// where time to first token comes from, so routing quality shows), behind
+// vLLM's HTTP API (sim_api). Generated text is deterministic (sim_text).
 #pragma once
 
 #include "net/http_server.hpp"
