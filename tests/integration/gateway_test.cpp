@@ -120,6 +120,10 @@ struct gateway_test : ::testing::Test {
 
   /// The URL the topology gives replica `e` (e0 or e1).
   virtual std::string url_of(const fake_engine& e) const { return e.url(); }
+  /// Changes to the topology a test needs.
+  virtual void adjust(config::topology&) const {}
+  /// Whether the gateway also listens on an admin address.
+  virtual bool with_admin() const { return false; }
 
   void SetUp() override {
     topo->seed = "0";
@@ -148,9 +152,12 @@ struct gateway_test : ::testing::Test {
     dead.url = "http://127.0.0.1:1";
     a.engines.push_back(dead);
     topo->nodes.push_back(a);
+    adjust(*topo);
     plane = spawn_control_plane(sys, control_options{"control-1", topo, {}, {}, 64});
-    gw = std::make_unique<gateway>(sys, topo, "127.0.0.1", 0, plane);
+    gw = std::make_unique<gateway>(sys, topo, "127.0.0.1", 0, plane,
+                                   with_admin() ? "127.0.0.1" : "", 0);
     ASSERT_NE(gw->port(), 0) << gw->error();
+    ASSERT_EQ(gw->admin_port() != 0, with_admin());
   }
 
   void TearDown() override {
@@ -496,48 +503,33 @@ TEST_F(interim_gateway_test, expect_is_answered_by_the_gateway_and_never_forward
   EXPECT_NE(heads[0].find("x-kept: yes"), std::string::npos) << heads[0];
 }
 
-TEST(gateway_admin, health_and_metrics_answer_while_clients_hold_every_connection) {
-  fake_engine e0{"e0"};
-  e0.how = fake_engine::mode::hang;
-  auto topo = std::make_shared<config::topology>();
-  topo->seed = "0";
-  topo->plaintext = true;
-  topo->gateway.max_connections = 2;
-  config::node_spec c;
-  c.name = "control-1";
-  c.roles.control = true;
-  topo->nodes.push_back(c);
-  config::node_spec a;
-  a.name = "agent-a";
-  a.roles.agent = true;
-  config::engine_spec spec;
-  spec.replica = "e0";
-  spec.model = "m";
-  spec.url = e0.url();
-  a.engines.push_back(spec);
-  topo->nodes.push_back(a);
-  sys_config cfg;
-  caf::actor_system sys{cfg};
-  auto plane = spawn_control_plane(sys, control_options{"control-1", topo, {}, {}, 64});
-  gateway gw(sys, topo, "127.0.0.1", 0, plane, "127.0.0.1", 0);
-  ASSERT_NE(gw.port(), 0) << gw.error();
-  ASSERT_NE(gw.admin_port(), 0);
-  http_client client;
-  auto base = "http://127.0.0.1:" + std::to_string(gw.port());
-  std::vector<std::shared_ptr<http_call>> held; // two requests the engine never answers
+namespace {
+
+/// Clients may hold at most two connections; health and metrics have an
+/// admin listener of their own.
+struct gateway_admin_test : gateway_test {
+  void adjust(config::topology& t) const override { t.gateway.max_connections = 2; }
+  bool with_admin() const override { return true; }
+};
+
+} // namespace
+
+TEST_F(gateway_admin_test, health_and_metrics_answer_while_clients_hold_every_connection) {
+  e0.how = e1.how = fake_engine::mode::hang;
+  std::vector<std::shared_ptr<http_call>> held; // two requests the engines never answer
   for (int i = 0; i < 2; ++i)
-    held.push_back(client.call("POST", base, "/v1/completions", body_ids, {}, 2s, 30s, {}));
-  test::eventually([&] { return e0.requests() >= 2; }, 5s);
-  ASSERT_EQ(e0.requests(), 2u);
+    held.push_back(client.call("POST", base(), "/v1/completions", body_ids, {}, 2s, 30s, {}));
+  test::eventually([&] { return e0.requests() + e1.requests() >= 2; }, 5s);
+  ASSERT_EQ(e0.requests() + e1.requests(), 2u);
   auto get = [&](std::uint16_t port, const std::string& target) {
     std::promise<http_response> p;
     client.request("GET", "http://127.0.0.1:" + std::to_string(port), target, "", 5s,
                    [&p](http_response r) { p.set_value(std::move(r)); });
     return p.get_future().get();
   };
-  EXPECT_EQ(get(gw.port(), "/healthz").status, 503) << "the gateway's port is full";
-  EXPECT_EQ(get(gw.admin_port(), "/healthz").status, 200);
-  auto metrics = get(gw.admin_port(), "/metrics");
+  EXPECT_EQ(get(gw->port(), "/healthz").status, 503) << "the gateway's port is full";
+  EXPECT_EQ(get(gw->admin_port(), "/healthz").status, 200);
+  auto metrics = get(gw->admin_port(), "/metrics");
   EXPECT_EQ(metrics.status, 200);
   EXPECT_NE(metrics.body.find(
               "llmgw_http_refused_total{listener=\"gateway\",reason=\"too_many_connections\"} 1\n"),
@@ -545,14 +537,12 @@ TEST(gateway_admin, health_and_metrics_answer_while_clients_hold_every_connectio
     << metrics.body;
   EXPECT_NE(metrics.body.find("llmgw_http_open_connections{listener=\"gateway\"} 2\n"),
             std::string::npos);
-  EXPECT_EQ(get(gw.admin_port(), "/v1/kv/replicas").status, 200);
-  EXPECT_EQ(get(gw.admin_port(), "/v1/models").status, 404) << "only the admin endpoints";
+  EXPECT_EQ(get(gw->admin_port(), "/v1/kv/replicas").status, 200);
+  EXPECT_EQ(get(gw->admin_port(), "/v1/models").status, 404) << "only the admin endpoints";
   for (auto& h : held)
     h->cancel();
-  test::eventually([&] { return e0.disconnects >= 2; }, 5s);
-  EXPECT_EQ(get(gw.port(), "/metrics").status, 404) << "counters stay off the clients' port";
-  EXPECT_EQ(get(gw.port(), "/v1/kv/replicas").status, 404);
-  EXPECT_EQ(get(gw.port(), "/healthz").status, 200);
-  gw.stop();
-  stop_control_plane(plane);
+  test::eventually([&] { return e0.disconnects + e1.disconnects >= 2; }, 5s);
+  EXPECT_EQ(get(gw->port(), "/metrics").status, 404) << "counters stay off the clients' port";
+  EXPECT_EQ(get(gw->port(), "/v1/kv/replicas").status, 404);
+  EXPECT_EQ(get(gw->port(), "/healthz").status, 200);
 }
