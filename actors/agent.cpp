@@ -191,6 +191,7 @@ agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg) {
       config::engine_launch_options lo;
       lo.command = e.launch;
       lo.seed = cfg.seed;
+      lo.block_size = cfg.block_size;
       lo.kv_events = events;
       lo.topic = e.topic;
       if (events)
@@ -250,6 +251,9 @@ void append_agent_metrics(wire::metrics_text& m, const agent_handles& handles) {
                 static_cast<double>(n), with_reason(who, reason));
     m.counter("llmgw_agent_event_gaps_total", "Gaps in the engine's event stream.",
               static_cast<double>(s.stats->gaps.load()), who);
+    m.counter("llmgw_agent_events_skipped_total",
+              "Events of a type llmgw does not know, skipped (the batch's others apply).",
+              static_cast<double>(s.stats->unknown_events.load()), who);
   }
   for (const auto& [control, c] : handles.forwarders) {
     wire::metric_labels to{{"control", control}};

@@ -46,6 +46,7 @@ void subscriber(caf::blocking_actor* self, const std::shared_ptr<kv_event_socket
     const auto& c = stream.counts();
     stats->messages = c.messages;
     stats->decode_errors = c.decode_errors;
+    stats->unknown_events = c.unknown_events;
     stats->gaps = c.gaps;
     stats->gaps_filled = c.gaps_filled;
     stats->restarts = c.restarts;

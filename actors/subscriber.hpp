@@ -24,6 +24,7 @@ struct subscriber_stats {
   std::atomic<std::uint64_t> messages{0};
   std::atomic<std::uint64_t> bad_frames{0};
   std::atomic<std::uint64_t> decode_errors{0};
+  std::atomic<std::uint64_t> unknown_events{0};
   std::atomic<std::uint64_t> gaps{0};
   std::atomic<std::uint64_t> gaps_filled{0};
   std::atomic<std::uint64_t> restarts{0};

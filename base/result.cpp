@@ -14,8 +14,6 @@ const char* to_string(errc code) noexcept {
     return "too_deep";
   case errc::too_large:
     return "too_large";
-  case errc::unknown_tag:
-    return "unknown_tag";
   case errc::bad_hash:
     return "bad_hash";
   case errc::bad_frame:

@@ -17,7 +17,6 @@ enum class errc : std::uint8_t {
   bad_length,     ///< a length or element count out of the allowed range
   too_deep,       ///< nesting deeper than the decoder allows
   too_large,      ///< the input itself exceeds the size limit
-  unknown_tag,    ///< an event type llmgw does not know
   bad_hash,       ///< a block hash of the wrong size or form
   bad_frame,      ///< a ZMQ message with the wrong frame count or seq width
   trailing_bytes, ///< bytes left over after a complete value

@@ -42,6 +42,11 @@ engine_launch make_engine_launch(const engine_launch_options& opts) {
   remove_flag(launch.argv, "--prefix-caching-hash-algo");
   launch.argv.emplace_back("--prefix-caching-hash-algo");
   launch.argv.emplace_back("sha256_cbor");
+  if (opts.block_size > 0) {
+    remove_flag(launch.argv, "--block-size");
+    launch.argv.emplace_back("--block-size");
+    launch.argv.push_back(std::to_string(opts.block_size));
+  }
   remove_flag(launch.argv, "--kv-events-config");
   if (opts.kv_events) {
     launch.argv.emplace_back("--kv-events-config");

@@ -5,6 +5,9 @@
 // - PYTHONHASHSEED is the topology's seed, so block hashes are reproducible;
 // - --prefix-caching-hash-algo sha256_cbor, the only algorithm llmgw can
 //   recompute outside Python;
+// - --block-size the cluster's block size (vLLM's default differs by
+//   platform: an engine hashing other blocks than the cluster's would be
+//   marked mismatched and routed by tier 1 only);
 // - with kv_events, --kv-events-config with the events endpoint (an ipc://
 //   path in the agent's private folder, which the engine's PUB binds, or a
 //   tcp address on loopback the subscriber bound, which it connects to), the
@@ -27,6 +30,7 @@ struct engine_launch {
 struct engine_launch_options {
   std::vector<std::string> command; ///< the operator's command line
   std::string seed;                 ///< PYTHONHASHSEED
+  std::size_t block_size = 0;       ///< --block-size (0: the command's own)
   bool kv_events = false;
   std::string events_endpoint; ///< ipc://PATH, or tcp://127.0.0.1:PORT the subscriber bound
   std::string replay_endpoint; ///< where vLLM's ROUTER binds (ipc:// or tcp://), or empty

@@ -33,6 +33,7 @@ void event_stream::apply_payload(std::uint64_t seq, std::string_view payload,
     return;
   }
   ++counts_.applied;
+  counts_.unknown_events += batch->skipped.size();
   action.what = stream_action::kind::apply;
   action.batch = std::move(*batch);
   out.push_back(std::move(action));

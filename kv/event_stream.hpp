@@ -51,14 +51,15 @@ struct stream_action {
 
 /// Counters a subscriber exports as metrics.
 struct stream_counts {
-  std::uint64_t messages = 0;      ///< live messages received
-  std::uint64_t applied = 0;       ///< batches applied (live or replayed)
-  std::uint64_t replayed = 0;      ///< batches recovered by replay
-  std::uint64_t gaps = 0;          ///< jumps forward seen
-  std::uint64_t gaps_filled = 0;   ///< of those, filled by replay
-  std::uint64_t restarts = 0;      ///< steps back seen
-  std::uint64_t decode_errors = 0; ///< payloads that did not decode
-  std::uint64_t lost_batches = 0;  ///< seqs never recovered
+  std::uint64_t messages = 0;       ///< live messages received
+  std::uint64_t applied = 0;        ///< batches applied (live or replayed)
+  std::uint64_t replayed = 0;       ///< batches recovered by replay
+  std::uint64_t gaps = 0;           ///< jumps forward seen
+  std::uint64_t gaps_filled = 0;    ///< of those, filled by replay
+  std::uint64_t restarts = 0;       ///< steps back seen
+  std::uint64_t decode_errors = 0;  ///< payloads that did not decode
+  std::uint64_t unknown_events = 0; ///< events of a type llmgw does not know, skipped
+  std::uint64_t lost_batches = 0;   ///< seqs never recovered
 };
 
 class event_stream {

@@ -290,37 +290,47 @@ private:
     if (events.type != msgpack::type::ARRAY)
       return wrong_type(events, "an array of events");
     pos_.field = nullptr;
-    batch_.events.resize(events.via.array.size);
+    batch_.events.reserve(events.via.array.size);
     for (std::uint32_t i = 0; i < events.via.array.size; ++i) {
       pos_ = position{};
       pos_.event = i;
-      if (!decode_event(events.via.array.ptr[i], batch_.events[i]))
+      kv_event ev;
+      bool known = true;
+      if (!decode_event(events.via.array.ptr[i], ev, known))
         return false;
+      if (known)
+        batch_.events.push_back(std::move(ev));
     }
     return true;
   }
 
-  bool decode_tag(const msgpack::object& obj, event_kind& kind) {
+  /// The event's type; `known` false (and its name kept in the batch's
+  /// skipped list) for a type llmgw does not know.
+  bool decode_tag(const msgpack::object& obj, event_kind& kind, bool& known) {
     if (obj.type != msgpack::type::STR)
       return wrong_type(obj, "the event type as str");
     auto tag = as_view(obj);
-    if (tag == "BlockStored")
+    known = true;
+    if (tag == "BlockStored") {
       kind = event_kind::block_stored;
-    else if (tag == "BlockRemoved")
+    } else if (tag == "BlockRemoved") {
       kind = event_kind::block_removed;
-    else if (tag == "AllBlocksCleared")
+    } else if (tag == "AllBlocksCleared") {
       kind = event_kind::all_blocks_cleared;
-    else
-      return fail(errc::unknown_tag, fmt::format("unknown event type '{}'", printable(tag)));
+    } else {
+      known = false;
+      batch_.skipped.push_back(printable(tag));
+      return true;
+    }
     pos_.tag = to_string(kind);
     return true;
   }
 
-  bool decode_event(const msgpack::object& obj, kv_event& ev) {
+  bool decode_event(const msgpack::object& obj, kv_event& ev, bool& known) {
     if (obj.type == msgpack::type::ARRAY)
-      return decode_array_event(obj.via.array, ev);
+      return decode_array_event(obj.via.array, ev, known);
     if (obj.type == msgpack::type::MAP)
-      return decode_map_event(obj.via.map, ev);
+      return decode_map_event(obj.via.map, ev, known);
     return wrong_type(obj, "an event (array or map)");
   }
 
@@ -388,11 +398,13 @@ private:
     return f;
   }
 
-  bool decode_array_event(const msgpack::object_array& arr, kv_event& ev) {
+  bool decode_array_event(const msgpack::object_array& arr, kv_event& ev, bool& known_kind) {
     if (arr.size == 0)
       return fail(errc::bad_length, "empty event array, expected [type, fields...]");
-    if (!decode_tag(arr.ptr[0], ev.kind))
+    if (!decode_tag(arr.ptr[0], ev.kind, known_kind))
       return false;
+    if (!known_kind)
+      return true; // its fields are not read
     // The oldest vLLM that published events (2025-04) sent the first five
     // BlockStored fields and BlockRemoved's block_hashes.
     std::size_t minimum = 1;
@@ -422,7 +434,7 @@ private:
     return true;
   }
 
-  bool decode_map_event(const msgpack::object_map& map, kv_event& ev) {
+  bool decode_map_event(const msgpack::object_map& map, kv_event& ev, bool& known) {
     const msgpack::object* type = nullptr;
     for (std::uint32_t i = 0; i < map.size; ++i) {
       const auto& key = map.ptr[i].key;
@@ -433,9 +445,9 @@ private:
     }
     if (!type)
       return fail(errc::bad_value, "map event without a 'type' key");
-    if (!decode_tag(*type, ev.kind))
+    if (!decode_tag(*type, ev.kind, known))
       return false;
-    if (ev.kind == event_kind::all_blocks_cleared)
+    if (!known || ev.kind == event_kind::all_blocks_cleared)
       return true;          // nothing else to read; other keys are skipped
     std::uint32_t seen = 0; // one bit per field, to refuse duplicates
     for (std::uint32_t i = 0; i < map.size; ++i) {

@@ -101,6 +101,10 @@ struct event_batch {
   double ts = 0; ///< publisher wall-clock time, seconds
   std::vector<kv_event> events;
   std::optional<std::int64_t> data_parallel_rank; ///< nullopt: nil or absent
+  /// Events of a type llmgw does not know (engines add them: ROCm ATOM's
+  /// BlockTransferred), by type name, escaped as log::printable does. They
+  /// are skipped, not an error: the batch's known events still apply.
+  std::vector<std::string> skipped;
 };
 
 /// Bounds applied while decoding untrusted payloads.

@@ -47,8 +47,16 @@ void print_line(const std::string& line) {
   std::fflush(stdout);
 }
 
-/// One line per event of an applied batch.
+/// One line per event of an applied batch, and one per event of a type
+/// llmgw does not know (skipped).
 void print_batch(const kv::stream_action& a) {
+  for (const auto& name : a.batch.skipped) {
+    boost::json::object obj;
+    obj["seq"] = a.seq;
+    obj["type"] = "skipped";
+    obj["event_type"] = name;
+    print_line(boost::json::serialize(obj));
+  }
   for (const auto& ev : a.batch.events) {
     auto line = wire::event_to_json(a.seq, a.batch, ev);
     if (a.replayed) // keep the object valid: insert before the closing brace

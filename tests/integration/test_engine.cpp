@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
   std::string capture_path;
   std::string events_config;
   std::string algo;
+  std::string block_size;
   for (int i = 1; i + 1 < argc; ++i) {
     std::string a = argv[i];
     if (a == "--capture")
@@ -48,6 +49,8 @@ int main(int argc, char** argv) {
       events_config = argv[++i];
     else if (a == "--prefix-caching-hash-algo")
       algo = argv[++i];
+    else if (a == "--block-size")
+      block_size = argv[++i];
     else if (a == "--pid-file")
       std::ofstream(argv[++i]) << ::getpid() << "\n";
   }
@@ -63,6 +66,13 @@ int main(int argc, char** argv) {
   if (algo != "sha256_cbor") {
     std::fprintf(stderr, "llmgw-test-engine: --prefix-caching-hash-algo is '%s'\n", algo.c_str());
     return 5;
+  }
+  // The capture's blocks are 16 tokens: the agent must say so, whatever
+  // vLLM's default on this platform.
+  if (block_size != std::to_string(capture.at("block_size").as_int64())) {
+    std::fprintf(stderr, "llmgw-test-engine: --block-size is '%s', not the capture's\n",
+                 block_size.c_str());
+    return 7;
   }
   if (!events_config.empty()) {
     auto cfg = boost::json::parse(events_config).as_object();

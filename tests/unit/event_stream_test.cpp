@@ -201,6 +201,23 @@ TEST(event_stream, undecodable_payload_resets_and_applies_nothing) {
   EXPECT_EQ(f.log.back(), "apply 2") << "the stream goes on";
 }
 
+TEST(event_stream, an_unknown_event_type_is_counted_and_the_batch_still_applies) {
+  fixture f;
+  event_stream s(with_replay(false));
+  f.live(s, 0);
+  // [ts 0.0, [["AllBlocksCleared"], ["BlockTransferred", 7]]]
+  auto payload = llmgw::test::from_hex("92cb0000000000000000"
+                                       "92"
+                                       "91b0416c6c426c6f636b73436c6561726564"
+                                       "92b0426c6f636b5472616e7366657272656407");
+  auto actions = s.on_live(1, payload, f.now);
+  ASSERT_EQ(actions.size(), 1u) << "no reset: the batch decodes";
+  EXPECT_EQ(actions[0].what, stream_action::kind::apply);
+  EXPECT_EQ(actions[0].batch.events.size(), 1u);
+  EXPECT_EQ(s.counts().unknown_events, 1u);
+  EXPECT_EQ(s.counts().decode_errors, 0u);
+}
+
 TEST(event_stream, late_start_learns_history_by_replay) {
   fixture f;
   event_stream s(with_replay(true));

@@ -116,21 +116,27 @@ TEST(kv_events_hostile, deep_nesting) {
   EXPECT_TRUE(contains(e, "16 levels")) << e.message;
 }
 
-TEST(kv_events_hostile, unknown_tags) {
-  auto e =
-    expect_error("92" + ts + "92" + "91b0416c6c426c6f636b73436c6561726564" + "91a8426c6f636b466f6f",
-                 errc::unknown_tag); // second event: ["BlockFoo"]
-  EXPECT_TRUE(contains(e, "event 1")) << e.message;
-  EXPECT_TRUE(contains(e, "'BlockFoo'")) << e.message;
-  e = expect_error("92" + ts + "91"
-                     + "81a474797065a3"
-                       "0a0d1b",
-                   errc::unknown_tag); // control chars
-  EXPECT_TRUE(contains(e, "\\x0a")) << "unprintable bytes are escaped: " << e.message;
-  e = expect_error("92" + ts + "91"
-                     + "81a474797065"
-                       "05",
-                   errc::bad_type); // "type": 5
+TEST(kv_events_hostile, unknown_event_types_are_skipped_and_the_rest_applies) {
+  // [AllBlocksCleared], ["BlockFoo", 1, 2], then {"type": "BlockTransferred", "x": 1}
+  // (ROCm ATOM publishes that kind in the same stream).
+  auto batch = decode_batch(from_hex("92" + ts + "93" + "91b0416c6c426c6f636b73436c6561726564"
+                                     + "93a8426c6f636b466f6f0102"
+                                     + "82a474797065b0426c6f636b5472616e73666572726564a17801"));
+  ASSERT_TRUE(batch) << batch.err().message;
+  ASSERT_EQ(batch->events.size(), 1u) << "the known event";
+  EXPECT_EQ(batch->events[0].kind, event_kind::all_blocks_cleared);
+  EXPECT_EQ(batch->skipped, (std::vector<std::string>{"BlockFoo", "BlockTransferred"}));
+  batch = decode_batch(from_hex("92" + ts + "91"
+                                + "81a474797065a3"
+                                  "0a0d1b")); // control chars in the name
+  ASSERT_TRUE(batch) << batch.err().message;
+  ASSERT_EQ(batch->skipped.size(), 1u);
+  EXPECT_EQ(batch->skipped[0].find('\n'), std::string::npos)
+    << "unprintable bytes are escaped: " << batch->skipped[0];
+  auto e = expect_error("92" + ts + "91"
+                          + "81a474797065"
+                            "05",
+                        errc::bad_type); // "type": 5
   e = expect_error("92" + ts + "91"
                      + "81a3747970"
                        "05",
