@@ -33,6 +33,7 @@ replica_update to_update(const mirror_state& st, const kv::table_delta& delta) {
   u.epoch = delta.epoch;
   u.reset = delta.reset;
   u.parity = static_cast<std::uint8_t>(parity);
+  u.partial = st.table.partial();
   u.added = delta.added;
   u.removed = delta.removed;
   u.totals = st.counters;

@@ -13,8 +13,8 @@ void apply_update(routing::router_core& core, routing::router_stats& stats, cons
   auto before = kv.find(u.replica, u.dp_rank);
   auto was = before ? kv.info(*before).parity : kv::parity_state::unknown;
   routing::kv_change change{
-    u.replica, u.dp_rank, u.epoch, u.reset, static_cast<kv::parity_state>(u.parity),
-    &u.added,  &u.removed};
+    u.replica, u.dp_rank,  u.epoch,  u.reset, static_cast<kv::parity_state>(u.parity),
+    &u.added,  &u.removed, u.partial};
   switch (kv.apply(change, now)) {
   case routing::apply_outcome::applied:
     break;
@@ -28,6 +28,10 @@ void apply_update(routing::router_core& core, routing::router_stats& stats, cons
   auto h = *kv.find(u.replica, u.dp_rank);
   if (stats.totals.size() <= h)
     stats.totals.resize(static_cast<std::size_t>(h) + 1);
+  // A clear, a restart or an exit emptied the engine's cache: what tier 1
+  // remembers sending there is gone from it too.
+  if (kv::emptied(u.totals) > kv::emptied(stats.totals[h]))
+    core.forget_sent(u.replica);
   stats.totals[h] = u.totals;
   if (was != kv::parity_state::mismatch && kv.info(h).parity == kv::parity_state::mismatch) {
     ++stats.mismatches[u.replica];

@@ -112,6 +112,13 @@ struct mirror_totals {
   std::uint64_t resets[reset_reason_count] = {}; ///< by reset_reason
 };
 
+/// How often the engine's cache was emptied: clears, restarts and exits.
+inline std::uint64_t emptied(const mirror_totals& t) noexcept {
+  return t.resets[static_cast<std::size_t>(reset_reason::clear)]
+         + t.resets[static_cast<std::size_t>(reset_reason::restart)]
+         + t.resets[static_cast<std::size_t>(reset_reason::engine_exit)];
+}
+
 /// Identifies a subscriber of a table.
 using peer_id = std::uint64_t;
 
@@ -129,7 +136,8 @@ public:
   /// Applies a batch's events in order. A clear resets the table first.
   apply_counts apply(const wire::event_batch& batch);
 
-  /// Empties the table and bumps the epoch; parity starts over.
+  /// Empties the table and bumps the epoch; parity starts over. After a gap
+  /// or an undecodable payload the table is partial (see partial()).
   void reset(reset_reason why);
 
   /// Starts tracking `peer`; its first delta is the snapshot (reset + every
@@ -151,6 +159,12 @@ public:
   std::size_t size() const noexcept { return presence_.size(); }
   std::uint64_t epoch() const noexcept { return epoch_; }
   parity_state parity() const noexcept { return parity_; }
+
+  /// True when the engine may hold blocks the table does not know: since
+  /// its last reset was a gap nobody could fill (or a payload that did not
+  /// decode), and until the engine stored a block again. After a clear, a
+  /// restart or an engine exit the engine is truly empty: not partial.
+  bool partial() const noexcept { return partial_; }
 
   /// Why parity is `mismatch`: which block, and the flags the engine needs.
   const std::string& parity_message() const noexcept { return parity_message_; }
@@ -189,6 +203,7 @@ private:
   std::unordered_map<block_ref, std::uint32_t, block_ref_hash> presence_; ///< live groups
   std::unordered_map<peer_id, peer_state> peers_;
   std::uint64_t epoch_ = 0;
+  bool partial_ = false;
 
   std::optional<parity_config> parity_config_;
   std::optional<wire::block_hasher> hasher_;

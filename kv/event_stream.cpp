@@ -85,6 +85,8 @@ std::vector<stream_action> event_stream::on_live(std::uint64_t seq, std::string_
       start_replay(0, seq, payload, now, true, out); // learn what was stored before we came
       return out;
     }
+    if (seq > 0) // what was stored before we came is unknown: the mirror starts partial
+      out.push_back(reset_for(reset_reason::gap, 0, seq));
     break;
   case wire::seq_verdict::next:
     break;
@@ -119,8 +121,11 @@ std::vector<stream_action> event_stream::on_replay(const wire::replay_reply& rep
   }
   // After a late start the engine's buffer may no longer reach back to 0:
   // its oldest batch is where history begins for us.
-  if (replay_->late_start && !replay_->any_reply && reply.seq > replay_->next)
+  // What was stored before it is unknown: the mirror starts partial.
+  if (replay_->late_start && !replay_->any_reply && reply.seq > replay_->next) {
+    out.push_back(reset_for(reset_reason::gap, replay_->next, reply.seq));
     replay_->next = std::min(reply.seq, replay_->until);
+  }
   replay_->any_reply = true;
   if (reply.seq != replay_->next || reply.seq >= replay_->until)
     return out; // before what was asked, or already held from the live stream

@@ -12,7 +12,9 @@
 // - A step back (restart: a new publisher starts at 0): reset, then apply.
 // - The very first message with seq > 0 (llmgw started after the engine):
 //   with a replay endpoint, ask for everything from 0, since blocks stored
-//   earlier are otherwise unknown.
+//   earlier are otherwise unknown. Where that history cannot be had (no
+//   replay, or a buffer that no longer reaches 0), reset for a gap: the
+//   mirror is then partial until the engine stores again.
 // - A payload that does not decode: reset (replaying it would return the same
 //   bytes), nothing of it applied.
 #pragma once

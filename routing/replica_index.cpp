@@ -71,6 +71,7 @@ apply_outcome replica_index::apply(const kv_change& change,
       if (index_.add(b.key, h, b.where))
         info.fingerprint += fingerprint_of(b);
   info.parity = change.parity;
+  info.partial = change.partial;
   info.last_update = now;
   ++info.updates;
   return apply_outcome::applied;

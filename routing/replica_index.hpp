@@ -35,6 +35,7 @@ struct kv_change {
   kv::parity_state parity = kv::parity_state::unknown;
   const std::vector<kv::block_ref>* added = nullptr;
   const std::vector<kv::block_ref>* removed = nullptr;
+  bool partial = false; ///< the engine may hold blocks the sender does not know
 };
 
 /// What applying a change did.
@@ -47,6 +48,9 @@ struct holder_info {
   bool has_state = false; ///< a full copy arrived and was not dropped since
   std::uint64_t epoch = 0;
   kv::parity_state parity = kv::parity_state::unknown;
+  /// The agent's mirror may lack blocks the engine holds (an unfilled gap):
+  /// the router scores it by the better of this index and tier 1.
+  bool partial = false;
   std::chrono::steady_clock::time_point last_update{};
   std::uint64_t updates = 0; ///< changes applied
   std::uint64_t resets = 0;  ///< full copies and epoch resets applied

@@ -61,6 +61,12 @@ void router_core::mark_down(const std::string& replica,
       r.down_until = until;
 }
 
+void router_core::forget_sent(const std::string& replica) {
+  for (std::size_t i = 0; i < replicas_.size(); ++i)
+    if (replicas_[i].name == replica)
+      tree_.forget(static_cast<tree_replica>(i));
+}
+
 route_decision router_core::decide(const route_query& q,
                                    std::chrono::steady_clock::time_point now) {
   route_decision d;
@@ -109,8 +115,10 @@ route_decision router_core::decide(const route_query& q,
   for (std::size_t c = 0; c < candidates_.size(); ++c) {
     auto before = holders_.size();
     for (auto h : replica_holders_[candidates_[c]])
-      if (kv_.trusted(h))
+      if (kv_.trusted(h)) {
         holders_.push_back(h);
+        scores[c].partial = scores[c].partial || kv_.info(h).partial;
+      }
     scores[c].trusted = holders_.size() > before;
     holder_owner_.resize(holders_.size(), c);
   }
@@ -132,9 +140,9 @@ route_decision router_core::decide(const route_query& q,
   // found nothing, and for /v1/route's report.
   bool any_kv_found = std::any_of(scores.begin(), scores.end(),
                                   [](const replica_score& s) { return s.trusted && s.kv > 0; });
-  bool all_trusted =
-    std::all_of(scores.begin(), scores.end(), [](const replica_score& s) { return s.trusted; });
-  if (!q.chunks.empty() && (q.dry_run || !any_kv_found || !all_trusted)) {
+  bool all_complete = std::all_of(scores.begin(), scores.end(),
+                                  [](const replica_score& s) { return s.trusted && !s.partial; });
+  if (!q.chunks.empty() && (q.dry_run || !any_kv_found || !all_complete)) {
     tree_.expire(now); // entries past the TTL must not score, even with no inserts lately
     tree_candidates_.clear();
     for (auto i : candidates_)
@@ -148,7 +156,12 @@ route_decision router_core::decide(const route_query& q,
   bool any_kv = std::any_of(scores.begin(), scores.end(), [&](const replica_score& s) {
     return in_pool(s) && s.trusted && s.kv > 0;
   });
-  auto score_of = [&](const replica_score& s) { return any_kv && s.trusted ? s.kv : s.approx; };
+  // Whether tier 2 scores `s`: a partial state only where it knows more
+  // than tier 1 does.
+  auto by_kv = [&](const replica_score& s) {
+    return any_kv && s.trusted && !(s.partial && s.approx > s.kv);
+  };
+  auto score_of = [&](const replica_score& s) { return by_kv(s) ? s.kv : s.approx; };
   double best = 0;
   for (const auto& s : scores)
     if (in_pool(s))
@@ -176,7 +189,7 @@ route_decision router_core::decide(const route_query& q,
   d.replica = r.name;
   d.url = r.url;
   if (best > 0) {
-    d.tier = any_kv && s.trusted ? route_tier::kv : route_tier::approx;
+    d.tier = by_kv(s) ? route_tier::kv : route_tier::approx;
     d.score = score_of(s);
     if (d.tier == route_tier::kv)
       d.dp_rank = s.dp_rank;

@@ -51,7 +51,10 @@ struct route_query {
 /// One candidate's scores.
 struct replica_score {
   std::string replica;
-  bool trusted = false;          ///< tier 2 knew its KV state
+  bool trusted = false; ///< tier 2 knew its KV state
+  /// Tier 2's state may miss blocks the engine holds (an unfilled gap): it
+  /// is scored by the better of tier 2 and tier 1.
+  bool partial = false;
   double kv = 0;                 ///< tier-2 score, 0..1
   std::uint32_t kv_blocks = 0;   ///< leading blocks held (best rank)
   std::int32_t dp_rank = -1;     ///< the rank holding them, -1 if none
@@ -61,7 +64,6 @@ struct replica_score {
   bool down = false;             ///< marked down after failures
 };
 
-/// The decision.
 /// Why a decision names no replica.
 enum class route_failure : std::uint8_t {
   none,          ///< a replica was chosen
@@ -69,6 +71,7 @@ enum class route_failure : std::uint8_t {
   all_excluded,  ///< every replica serving it was left out: tried already (503)
 };
 
+/// The decision.
 struct route_decision {
   std::string replica; ///< empty when no replica serves the model
   std::string url;     ///< its base URL
@@ -108,6 +111,10 @@ public:
 
   /// Marks `replica` down until `until` (it refused or failed a request).
   void mark_down(const std::string& replica, std::chrono::steady_clock::time_point until);
+
+  /// Forgets what tier 1 remembers sending to `replica`: its engine's cache
+  /// was emptied (a clear, a restart, an exit).
+  void forget_sent(const std::string& replica);
 
   /// The KV state: agents' changes go here.
   replica_index& kv() noexcept { return kv_; }

@@ -57,6 +57,7 @@ std::string kv_replicas_json(const router_core& core, const router_stats& stats,
       x["epoch"] = info.epoch;
       x["has_state"] = info.has_state;
       x["trusted"] = kv.trusted(h);
+      x["partial"] = info.partial;
       x["parity"] = to_string(info.parity);
       x["hash_mismatch"] = info.parity == kv::parity_state::mismatch;
       x["updates"] = info.updates;
@@ -114,6 +115,7 @@ std::string decision_json(const route_decision& d) {
     json::object x;
     x["replica"] = s.replica;
     x["trusted"] = s.trusted;
+    x["partial"] = s.partial;
     x["kv"] = s.kv;
     x["kv_blocks"] = s.kv_blocks;
     if (s.dp_rank >= 0)
@@ -173,6 +175,10 @@ void append_router_metrics(wire::metrics_text& m, const router_core& core,
               static_cast<double>(kv.blocks().count(h)), labels);
       m.gauge("llmgw_kv_trusted", "1 when the replica rank's KV state is routed on.",
               kv.trusted(h) ? 1 : 0, labels);
+      m.gauge("llmgw_kv_partial",
+              "1 when the engine may hold blocks the index does not know (a gap replay could "
+              "not fill): scored by the better of the index and tier 1 until it stores again.",
+              info.partial ? 1 : 0, labels);
       m.gauge("llmgw_kv_hash_mismatch",
               "1 when the engine's block hashes differ from llmgw's (fix its seed and hash algo).",
               info.parity == kv::parity_state::mismatch ? 1 : 0, labels);

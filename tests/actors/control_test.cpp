@@ -222,6 +222,31 @@ TEST_F(control_test, updates_of_a_nodes_own_replicas_reach_the_router_and_are_ac
   EXPECT_EQ(stats().unexpected_updates, 1u) << "rank 1's change before its full copy";
 }
 
+TEST_F(control_test, an_engine_emptied_is_forgotten_by_tier1_too) {
+  auto a = connect("agent-a", 1);
+  send(a, "a0", {});
+  routing::route_query q;
+  q.model = "m";
+  q.exclude = {"a1", "b0", "b1"};
+  q.chunks = routing::chunk_hashes(std::string(256, 'x'), 64);
+  auto sent = shared->decide_and_record(q); // tier 1 remembers a0 got this text
+  ASSERT_EQ(sent.replica, "a0");
+  shared->finished("a0");
+  q.exclude.clear();
+  q.dry_run = true;
+  auto before = shared->decide_and_record(q);
+  ASSERT_EQ(before.replica, "a0");
+  ASSERT_EQ(before.tier, routing::route_tier::approx);
+  // The engine restarts: the agent's totals count it, and its next update
+  // (a full copy of its empty mirror) says so.
+  auto u = update(a, "a0", {});
+  u.totals.resets[static_cast<std::size_t>(kv::reset_reason::restart)] = 1;
+  u.mac = update_mac(a.key, u);
+  send_raw(a, u);
+  auto after = shared->decide_and_record(q);
+  EXPECT_EQ(after.tier, routing::route_tier::load) << "nothing of the text is remembered anywhere";
+}
+
 TEST_F(control_test, enum_values_out_of_range_are_refused_and_counted) {
   auto a = connect("agent-a", 1);
   send(a, "a0", {1, 2});

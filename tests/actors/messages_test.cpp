@@ -44,6 +44,7 @@ llmgw::replica_update sample_update() {
   u.epoch = 7;
   u.reset = true;
   u.parity = static_cast<std::uint8_t>(llmgw::kv::parity_state::verified);
+  u.partial = true;
   u.added = {{16284813627505341992u, llmgw::kv::medium::gpu}, {1, llmgw::kv::medium::cpu}};
   u.removed = {{~std::uint64_t{0}, llmgw::kv::medium::storage}};
   u.totals.batches = 11;
@@ -86,6 +87,7 @@ TEST(messages, cross_a_real_connection_intact) {
         EXPECT_EQ(u.epoch, sent.epoch);
         EXPECT_EQ(u.reset, sent.reset);
         EXPECT_EQ(u.parity, sent.parity);
+        EXPECT_EQ(u.partial, sent.partial);
         EXPECT_EQ(u.added, sent.added);
         EXPECT_EQ(u.removed, sent.removed);
         EXPECT_EQ(u.totals.batches, 11u);

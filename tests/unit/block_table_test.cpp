@@ -183,6 +183,28 @@ TEST(block_table, all_blocks_cleared_resets) {
   EXPECT_EQ(d.added, gpu({2}));
 }
 
+TEST(block_table, an_unfilled_gap_leaves_it_partial_until_the_engine_stores_again) {
+  block_table t;
+  t.apply(batch({stored({1, 2})}));
+  EXPECT_FALSE(t.partial()) << "followed from the start";
+  t.reset(reset_reason::gap);
+  EXPECT_TRUE(t.partial()) << "the engine may still hold 1 and 2";
+  t.apply(batch({removed({7})}));
+  EXPECT_TRUE(t.partial()) << "a remove says nothing new of what it holds";
+  t.apply(batch({stored({3})}));
+  EXPECT_FALSE(t.partial());
+  t.reset(reset_reason::decode_error);
+  EXPECT_TRUE(t.partial());
+  for (auto why : {reset_reason::clear, reset_reason::restart, reset_reason::engine_exit}) {
+    t.reset(reset_reason::gap);
+    t.reset(why);
+    EXPECT_FALSE(t.partial()) << to_string(why) << ": the engine is truly empty";
+  }
+  t.reset(reset_reason::gap);
+  t.apply(batch({cleared()}));
+  EXPECT_FALSE(t.partial()) << "a clear in the stream empties the engine too";
+}
+
 TEST(block_table, any_interleaving_of_events_and_drains_keeps_peers_equal) {
   std::mt19937 rng(424242);
   for (int trial = 0; trial < 200; ++trial) {

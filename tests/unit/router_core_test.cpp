@@ -232,6 +232,33 @@ TEST(router_core, untrusted_replicas_are_scored_by_tier1_beside_trusted_ones) {
   EXPECT_DOUBLE_EQ(score_of(d, "r0").kv, 0.25);
 }
 
+TEST(router_core, a_partial_state_scores_by_the_better_of_the_index_and_tier1) {
+  router_core rc(four_replicas());
+  for (const char* r : {"r0", "r1", "r2", "r3"})
+    hold(rc, r, gpu({}));
+  auto q = query({1, 2, 3, 4}, std::string(64, 'p'));
+  auto first = route(rc, q, t0);
+  ASSERT_EQ(first.tier, route_tier::load) << "nobody holds anything yet";
+  // An unfilled gap emptied the sender's mirror of the chosen replica: the
+  // engine may still hold the prompt's blocks, which tier 1 remembers.
+  std::vector<kv::block_ref> none;
+  rc.kv().apply({first.replica, 0, 2, true, kv::parity_state::unknown, &none, nullptr, true}, t0);
+  hold(rc, "r2" == first.replica ? "r1" : "r2", gpu({1})); // another holds one block
+  rc.finished(first.replica);
+  auto d = route(rc, q, t0 + 1s);
+  EXPECT_EQ(d.replica, first.replica) << "tier 1 knows more than the partial index";
+  EXPECT_EQ(d.tier, route_tier::approx);
+  EXPECT_TRUE(score_of(d, first.replica).partial);
+  // Once the engine is known to be empty (trusted, not partial), tier 1's
+  // memory no longer counts for it.
+  rc.kv().apply({first.replica, 0, 3, true, kv::parity_state::unknown, &none, nullptr, false}, t0);
+  rc.finished(d.replica);
+  rc.forget_sent(first.replica);
+  d = route(rc, q, t0 + 2s);
+  EXPECT_NE(d.replica, first.replica);
+  EXPECT_EQ(d.tier, route_tier::kv) << "the holder of block 1";
+}
+
 TEST(router_core, a_dry_run_changes_nothing) {
   router_core rc(four_replicas());
   std::string text(64, 'd');
