@@ -138,6 +138,7 @@ private:
     decision_.url = d.url;
     decision_.tier = d.tier;
     decision_.dp_rank = d.dp_rank;
+    decision_.predicted_cached_tokens = d.predicted_cached_tokens;
     tried_.push_back(d.replica);
     std::vector<std::pair<std::string, std::string>> headers;
     auto named = connection_options(req_.headers);
@@ -197,6 +198,13 @@ private:
 
   void on_data(const std::string& data) {
     std::lock_guard<std::mutex> g(mtx_);
+    if (streaming_ && decision_.tier == routing::route_tier::kv && !reported_cached_) {
+      // The usage event may be split across pieces: keep a short tail.
+      scan_ += data;
+      reported_cached_ = wire::find_cached_tokens(scan_);
+      if (scan_.size() > 64)
+        scan_.erase(0, scan_.size() - 64);
+    }
     if (streaming_) {
       if (!stream_ || !stream_->write(data)) {
         if (auto call = call_.lock())
@@ -214,6 +222,9 @@ private:
     if (gone_)
       return;
     if (err.ok()) {
+      if (!streaming_ && decision_.tier == routing::route_tier::kv)
+        reported_cached_ = wire::find_cached_tokens(body_);
+      note_cache_accuracy();
       if (streaming_) {
         stream_->end();
       } else {
@@ -283,6 +294,19 @@ private:
       call->cancel(); // on_done reports the replica finished
   }
 
+  /// Compares what the engine says it found cached with the index's
+  /// prediction (tier kv only; engines that do not report are not counted).
+  void note_cache_accuracy() {
+    if (decision_.tier != routing::route_tier::kv || !reported_cached_)
+      return;
+    std::lock_guard<std::mutex> s(ctx_.stats->mtx);
+    auto& a = ctx_.stats->accuracy[decision_.replica];
+    ++a.answers;
+    a.predicted += decision_.predicted_cached_tokens;
+    a.reported += *reported_cached_;
+    a.shortfalls += *reported_cached_ < decision_.predicted_cached_tokens;
+  }
+
   void finish_error(int status, const std::string& type, const std::string& message) {
     respond_(error_reply(status, type, message));
     count(status);
@@ -311,6 +335,8 @@ private:
   std::vector<std::pair<std::string, std::string>> relay_headers_;
   std::string content_type_;
   std::string body_;
+  std::string scan_; ///< a streamed answer's last bytes, searched for its cached tokens
+  std::optional<std::uint64_t> reported_cached_;
   std::string last_error_;
   int status_ = 0;
   bool head_ = false;
@@ -346,6 +372,22 @@ void proxy_stats::append(wire::metrics_text& m) const {
               first_byte_seconds);
   m.histogram("llmgw_gateway_request_seconds", "From the request to its answer done.",
               total_seconds);
+  for (const auto& [replica, a] : accuracy) {
+    wire::metric_labels r{{"replica", replica}};
+    m.counter("llmgw_kv_checked_answers_total",
+              "Tier-kv answers whose engine reported its cached prompt tokens.",
+              static_cast<double>(a.answers), r);
+    m.counter("llmgw_kv_predicted_cached_tokens_total",
+              "Prompt tokens the index predicted the engine would find cached (checked answers).",
+              static_cast<double>(a.predicted), r);
+    m.counter("llmgw_kv_reported_cached_tokens_total",
+              "Prompt tokens the engine reported it found cached (checked answers).",
+              static_cast<double>(a.reported), r);
+    m.counter("llmgw_kv_prediction_shortfalls_total",
+              "Checked answers where the engine found fewer cached tokens than the index "
+              "predicted: blocks evicted before their event arrived, or events lost.",
+              static_cast<double>(a.shortfalls), r);
+  }
 }
 
 void proxy_request(const proxy_context& ctx, http_request&& req, http_responder respond,

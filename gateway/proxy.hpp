@@ -38,7 +38,17 @@ struct proxy_stats {
   std::uint64_t client_disconnects = 0;
   wire::histogram first_byte_seconds; ///< request in -> first upstream byte out
   wire::histogram total_seconds;      ///< request in -> response done
-  burst_log failure_log;              ///< replica failures are logged once per burst
+  /// The index's accuracy on live traffic, per replica, from tier-kv answers
+  /// that report their cached prompt tokens: what the index predicted, what
+  /// the engine found, and how often it found less.
+  struct cache_accuracy {
+    std::uint64_t answers = 0;
+    std::uint64_t predicted = 0;
+    std::uint64_t reported = 0;
+    std::uint64_t shortfalls = 0;
+  };
+  std::map<std::string, cache_accuracy> accuracy;
+  burst_log failure_log; ///< replica failures are logged once per burst
 
   void append(wire::metrics_text& m) const;
 };

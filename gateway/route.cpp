@@ -42,6 +42,7 @@ routing::route_query make_query(const config::topology& topo, const wire::routin
   auto start = std::chrono::steady_clock::now();
   if (tokens) {
     q.tokenized = true;
+    q.prompt_tokens = tokens->size();
     wire::extra_key_recipe extras;
     if (topo.is_adapter(req.model))
       extras.lora_name = req.model;

@@ -191,8 +191,12 @@ route_decision router_core::decide(const route_query& q,
   if (best > 0) {
     d.tier = by_kv(s) ? route_tier::kv : route_tier::approx;
     d.score = score_of(s);
-    if (d.tier == route_tier::kv)
+    if (d.tier == route_tier::kv) {
       d.dp_rank = s.dp_rank;
+      // vLLM looks up at most prompt_tokens - 1 tokens, in whole blocks.
+      auto most = q.prompt_tokens > 0 ? (q.prompt_tokens - 1) / block_size_ : 0;
+      d.predicted_cached_tokens = std::min<std::uint64_t>(s.kv_blocks, most) * block_size_;
+    }
   } else {
     d.tier = route_tier::load;
   }

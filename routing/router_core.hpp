@@ -40,6 +40,7 @@ struct route_query {
   std::string model;                 ///< the request's "model": a served model or LoRA adapter
   bool tokenized = false;            ///< false: tokenization failed or was not tried
   std::vector<wire::block_key> keys; ///< the prompt's block keys (full blocks), if tokenized
+  std::size_t prompt_tokens = 0;     ///< the prompt's tokens, if tokenized
   std::vector<std::uint64_t> chunks; ///< tier-1 chunk hashes of the prompt text
   std::vector<std::string> exclude;  ///< replicas already tried for this request
   bool dry_run = false; ///< /v1/route: decide, but do not count load or remember the prompt
@@ -80,6 +81,9 @@ struct route_decision {
   std::int32_t dp_rank = -1; ///< tier kv: the rank holding the prefix
   std::uint32_t prompt_blocks = 0;
   std::uint32_t prompt_chunks = 0;
+  /// Tier kv: the prompt tokens the chosen rank should find cached, as vLLM
+  /// counts them (whole blocks, never the prompt's last token); else 0.
+  std::uint64_t predicted_cached_tokens = 0;
   std::vector<replica_score> scores; ///< every candidate
   route_failure failure = route_failure::none;
   std::string error;  ///< why there is no replica, in words

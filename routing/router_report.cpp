@@ -110,6 +110,7 @@ std::string decision_json(const route_decision& d) {
     o["dp_rank"] = d.dp_rank;
   o["prompt_blocks"] = d.prompt_blocks;
   o["prompt_chunks"] = d.prompt_chunks;
+  o["predicted_cached_tokens"] = d.predicted_cached_tokens;
   json::array scores;
   for (const auto& s : d.scores) {
     json::object x;

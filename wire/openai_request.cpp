@@ -210,6 +210,30 @@ result<std::vector<std::uint32_t>> parse_tokenize_response(std::string_view body
   return tokens_of(tokens->as_array(), "tokens", request_limits{});
 }
 
+std::optional<std::uint64_t> find_cached_tokens(std::string_view text) {
+  constexpr std::string_view key = "\"cached_tokens\"";
+  auto at = text.find(key);
+  if (at == std::string_view::npos)
+    return std::nullopt;
+  auto i = at + key.size();
+  while (i < text.size()
+         && (text[i] == ' ' || text[i] == '\t' || text[i] == '\n' || text[i] == '\r'))
+    ++i;
+  if (i >= text.size() || text[i] != ':')
+    return std::nullopt;
+  ++i;
+  while (i < text.size()
+         && (text[i] == ' ' || text[i] == '\t' || text[i] == '\n' || text[i] == '\r'))
+    ++i;
+  std::uint64_t n = 0;
+  std::size_t digits = 0;
+  for (; i < text.size() && text[i] >= '0' && text[i] <= '9' && digits < 19; ++i, ++digits)
+    n = n * 10 + static_cast<std::uint64_t>(text[i] - '0');
+  if (digits == 0)
+    return std::nullopt;
+  return n;
+}
+
 std::string openai_error_json(const std::string& message, const std::string& type, int code) {
   json::object err;
   err["message"] = message;

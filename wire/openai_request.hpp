@@ -57,6 +57,12 @@ result<routing_request> parse_routing_request(std::string_view body,
 /// Reads a /tokenize answer's token ids.
 result<std::vector<std::uint32_t>> parse_tokenize_response(std::string_view body);
 
+/// The prompt tokens an engine says it found cached, from the first
+/// `"cached_tokens": N` in an answer (vLLM's usage.prompt_tokens_details,
+/// in a whole body or a streamed usage event); nullopt when absent. A
+/// search, not a parse: the proxy reads it from bytes it relays anyway.
+std::optional<std::uint64_t> find_cached_tokens(std::string_view text);
+
 /// An OpenAI-style error body: {"error": {"message", "type", "code"}}.
 std::string openai_error_json(const std::string& message, const std::string& type, int code);
 

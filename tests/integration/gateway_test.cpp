@@ -37,6 +37,8 @@ struct sys_config : caf::actor_system_config {
 struct fake_engine {
   enum class mode { json, sse, fail_mid_stream, hang };
   std::atomic<mode> how{mode::json};
+  /// Cached prompt tokens a JSON answer reports (vLLM's usage), or -1: none.
+  std::atomic<int> cached_tokens{-1};
   std::mutex mtx;
   std::vector<http_request> seen;
   std::vector<std::thread> workers;
@@ -64,7 +66,12 @@ struct fake_engine {
         case mode::json:
           respond(http_reply{200,
                              "application/json",
-                             R"({"id":"cmpl-1","served_by":")" + name + R"("})",
+                             R"({"id":"cmpl-1","served_by":")" + name + "\""
+                               + (cached_tokens < 0
+                                    ? std::string{}
+                                    : R"(,"usage":{"prompt_tokens_details":{"cached_tokens": )"
+                                        + std::to_string(cached_tokens.load()) + "}}")
+                               + "}",
                              {{"x-engine", name}, {"connection", "keep-alive"}}});
           break;
         case mode::sse:
@@ -322,6 +329,25 @@ TEST_F(gateway_test, a_client_that_leaves_cancels_the_upstream_request) {
   EXPECT_EQ(e0.disconnects + e1.disconnects, 1) << "the engine can stop generating";
   test::eventually([&] { return outstanding("e0") == 0 && outstanding("e1") == 0; }, 1s);
   EXPECT_EQ(outstanding("e0") + outstanding("e1"), 0) << "the request no longer counts as load";
+}
+
+TEST_F(gateway_test, the_index_prediction_is_checked_against_the_cached_tokens_engines_report) {
+  hold("e1", 0, {1, 2, 3, 4, 5, 6, 7, 8}); // two 4-token blocks of the 9-token prompt
+  e1.cached_tokens = 4;                    // but the engine evicted the second meanwhile
+  auto a = post("/v1/completions", body_ids);
+  ASSERT_EQ(a.status, 200) << a.body;
+  ASSERT_NE(a.headers.find("x-llmgw-tier: kv"), std::string::npos) << a.headers;
+  e1.cached_tokens = 8;
+  EXPECT_EQ(post("/v1/completions", body_ids).status, 200);
+  std::promise<http_response> p;
+  client.request("GET", base(), "/metrics", "", 5s,
+                 [&p](http_response r) { p.set_value(std::move(r)); });
+  auto metrics = p.get_future().get().body;
+  for (const char* line : {"llmgw_kv_checked_answers_total{replica=\"e1\"} 2\n",
+                           "llmgw_kv_predicted_cached_tokens_total{replica=\"e1\"} 16\n",
+                           "llmgw_kv_reported_cached_tokens_total{replica=\"e1\"} 12\n",
+                           "llmgw_kv_prediction_shortfalls_total{replica=\"e1\"} 1\n"})
+    EXPECT_NE(metrics.find(line), std::string::npos) << line << "in:\n" << metrics;
 }
 
 TEST_F(gateway_test, the_rank_holding_the_prefix_is_named_for_the_engine) {

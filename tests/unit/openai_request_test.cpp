@@ -144,3 +144,16 @@ TEST(openai_request, errors_are_openai_shaped) {
   EXPECT_EQ(e.at("error").at("type"), "NotFoundError");
   EXPECT_EQ(e.at("error").at("code"), 404);
 }
+
+TEST(openai_answer, cached_tokens_are_found_in_a_body_or_a_usage_event) {
+  EXPECT_EQ(find_cached_tokens(R"({"usage":{"prompt_tokens":9,"prompt_tokens_details":)"
+                               R"({"cached_tokens": 8}}})"),
+            std::optional<std::uint64_t>(8));
+  EXPECT_EQ(find_cached_tokens("data: {\"usage\":{\"prompt_tokens_details\":{\"cached_tokens\":"
+                               "0}}}\n\n"),
+            std::optional<std::uint64_t>(0));
+  EXPECT_EQ(find_cached_tokens(R"({"usage":{"prompt_tokens":9}})"), std::nullopt);
+  EXPECT_EQ(find_cached_tokens(R"({"cached_tokens": null})"), std::nullopt);
+  // Text the model wrote is escaped inside its string: never taken for the key.
+  EXPECT_EQ(find_cached_tokens(R"({"text":"\"cached_tokens\": 5"})"), std::nullopt);
+}
