@@ -181,6 +181,10 @@ agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg) {
       opts.replica = e.replica;
       opts.topic = e.topic;
       opts.replay = replay[r];
+      // The replay address is known only now (it follows the events socket).
+      std::string error;
+      if (!replay[r].empty() && !ranks[r].socket->connect_replay(replay[r], error))
+        LLMGW_LOG(warning, who, "rank {}: gaps will not be filled by replay: {}", r, error);
       auto stats = std::make_shared<subscriber_stats>();
       out.subscribers.push_back({e.replica, r, stats});
       out.actors.push_back(
@@ -251,6 +255,9 @@ void append_agent_metrics(wire::metrics_text& m, const agent_handles& handles) {
                 static_cast<double>(n), with_reason(who, reason));
     m.counter("llmgw_agent_event_gaps_total", "Gaps in the engine's event stream.",
               static_cast<double>(s.stats->gaps.load()), who);
+    m.gauge("llmgw_agent_event_replay",
+            "1 when gaps can be filled from the engine's replay endpoint.",
+            s.stats->replay.load() ? 1 : 0, who);
     m.counter("llmgw_agent_events_skipped_total",
               "Events of a type llmgw does not know, skipped (the batch's others apply).",
               static_cast<double>(s.stats->unknown_events.load()), who);

@@ -29,8 +29,9 @@ void apply_update(routing::router_core& core, routing::router_stats& stats, cons
   if (stats.totals.size() <= h)
     stats.totals.resize(static_cast<std::size_t>(h) + 1);
   // A clear, a restart or an exit emptied the engine's cache: what tier 1
-  // remembers sending there is gone from it too.
-  if (kv::emptied(u.totals) > kv::emptied(stats.totals[h]))
+  // remembers sending there is gone from it too. A count that went down is
+  // a new agent, whose launched engines started with it.
+  if (kv::emptied(u.totals) != kv::emptied(stats.totals[h]))
     core.forget_sent(u.replica);
   stats.totals[h] = u.totals;
   if (was != kv::parity_state::mismatch && kv.info(h).parity == kv::parity_state::mismatch) {

@@ -27,7 +27,8 @@ void subscriber(caf::blocking_actor* self, const std::shared_ptr<kv_event_socket
                 std::shared_ptr<subscriber_stats> stats) {
   const std::string who = "subscriber " + opts.replica;
   kv::event_stream::config cfg;
-  cfg.replay_available = !opts.replay.empty();
+  cfg.replay_available = socket->has_replay();
+  stats->replay = cfg.replay_available;
   cfg.replay_timeout = opts.replay_timeout;
   kv::event_stream stream(cfg);
   auto last_error_log = std::chrono::steady_clock::time_point{};

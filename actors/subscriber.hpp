@@ -28,6 +28,7 @@ struct subscriber_stats {
   std::atomic<std::uint64_t> gaps{0};
   std::atomic<std::uint64_t> gaps_filled{0};
   std::atomic<std::uint64_t> restarts{0};
+  std::atomic<bool> replay{false}; ///< gaps can be filled from the engine's replay endpoint
 };
 
 struct subscriber_options : kv_event_socket_options {

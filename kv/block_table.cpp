@@ -70,7 +70,6 @@ apply_counts block_table::apply(const wire::event_batch& batch) {
       for (const auto& h : ev.block_hashes)
         store({h.key, where}, group);
       counts.stored += ev.block_hashes.size();
-      partial_ = partial_ && ev.block_hashes.empty(); // it stores again: the table follows it
       break;
     case wire::event_kind::block_removed:
       for (const auto& h : ev.block_hashes)
@@ -124,6 +123,9 @@ void block_table::presence_changed(const block_ref& ref, bool was) {
 }
 
 void block_table::reset(reset_reason why) {
+  // Blocks the engine stored before a gap stay unknown until its cache is
+  // emptied (a clear, a restart, an exit); a store after the gap says
+  // nothing of them.
   partial_ = why == reset_reason::gap || why == reset_reason::decode_error;
   refs_.clear();
   presence_.clear();

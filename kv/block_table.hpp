@@ -160,10 +160,10 @@ public:
   std::uint64_t epoch() const noexcept { return epoch_; }
   parity_state parity() const noexcept { return parity_; }
 
-  /// True when the engine may hold blocks the table does not know: since
-  /// its last reset was a gap nobody could fill (or a payload that did not
-  /// decode), and until the engine stored a block again. After a clear, a
-  /// restart or an engine exit the engine is truly empty: not partial.
+  /// True when the engine may hold blocks the table does not know: its last
+  /// reset was a gap nobody could fill (or a payload that did not decode),
+  /// and its cache has not been emptied since. After a clear, a restart or
+  /// an engine exit the engine is truly empty: not partial.
   bool partial() const noexcept { return partial_; }
 
   /// Why parity is `mismatch`: which block, and the flags the engine needs.

@@ -33,7 +33,7 @@ void event_stream::apply_payload(std::uint64_t seq, std::string_view payload,
     return;
   }
   ++counts_.applied;
-  counts_.unknown_events += batch->skipped.size();
+  counts_.unknown_events += batch->skipped;
   action.what = stream_action::kind::apply;
   action.batch = std::move(*batch);
   out.push_back(std::move(action));
@@ -85,8 +85,11 @@ std::vector<stream_action> event_stream::on_live(std::uint64_t seq, std::string_
       start_replay(0, seq, payload, now, true, out); // learn what was stored before we came
       return out;
     }
-    if (seq > 0) // what was stored before we came is unknown: the mirror starts partial
+    if (seq > 0) { // what was stored before we came is unknown: the mirror starts partial
+      ++counts_.gaps;
+      counts_.lost_batches += seq;
       out.push_back(reset_for(reset_reason::gap, 0, seq));
+    }
     break;
   case wire::seq_verdict::next:
     break;
@@ -123,6 +126,8 @@ std::vector<stream_action> event_stream::on_replay(const wire::replay_reply& rep
   // its oldest batch is where history begins for us.
   // What was stored before it is unknown: the mirror starts partial.
   if (replay_->late_start && !replay_->any_reply && reply.seq > replay_->next) {
+    ++counts_.gaps;
+    counts_.lost_batches += reply.seq - replay_->next;
     out.push_back(reset_for(reset_reason::gap, replay_->next, reply.seq));
     replay_->next = std::min(reply.seq, replay_->until);
   }

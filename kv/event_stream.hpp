@@ -14,7 +14,7 @@
 //   with a replay endpoint, ask for everything from 0, since blocks stored
 //   earlier are otherwise unknown. Where that history cannot be had (no
 //   replay, or a buffer that no longer reaches 0), reset for a gap: the
-//   mirror is then partial until the engine stores again.
+//   mirror is then partial until the engine's cache is emptied.
 // - A payload that does not decode: reset (replaying it would return the same
 //   bytes), nothing of it applied.
 #pragma once

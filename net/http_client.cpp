@@ -251,11 +251,11 @@ private:
   http_error describe(const char* what, const beast::error_code& ec) const {
     if (cancelled_)
       return {http_failure::cancelled, "cancelled"};
-    if (timed_out_)
-      return {http_failure::timeout, std::string(what) + ": timed out"};
+    // Whatever ends a connect (a timeout too) means nothing was sent.
     bool connecting = std::string_view(what) == "resolve" || std::string_view(what) == "connect";
-    return {connecting ? http_failure::connect : http_failure::broken,
-            std::string(what) + ": " + ec.message()};
+    auto kind = connecting ? http_failure::connect
+                           : (timed_out_ ? http_failure::timeout : http_failure::broken);
+    return {kind, std::string(what) + (timed_out_ ? ": timed out" : ": " + ec.message())};
   }
 
   /// A pooled connection the upstream closed meanwhile fails at once: that

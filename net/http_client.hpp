@@ -19,8 +19,8 @@ class io_loop;
 /// Why a call ended without a complete response.
 enum class http_failure : std::uint8_t {
   none,      ///< the response is complete
-  connect,   ///< resolving or connecting failed: nothing was sent
-  timeout,   ///< the deadline passed
+  connect,   ///< resolving or connecting failed (or timed out): nothing was sent
+  timeout,   ///< the deadline passed after the connection was made
   broken,    ///< writing or reading failed, or the answer was not HTTP the client takes
   cancelled, ///< cancel() was called
   refused,   ///< not a call the client makes (the URL or the method)

@@ -14,6 +14,7 @@
 namespace llmgw {
 
 struct kv_event_socket::impl {
+  kv_event_socket_options opts;
   zmq::context_t context{1};
   zmq::socket_t sub{context, zmq::socket_type::sub};
   std::optional<zmq::socket_t> dealer;
@@ -32,9 +33,10 @@ void bound(zmq::socket_t& s, const kv_event_socket_options& opts) {
 
 kv_event_socket::kv_event_socket(const kv_event_socket_options& opts)
   : impl_(std::make_unique<impl>()) {
+  impl_->opts = opts;
   bool connect = wire::publisher_binds(opts.endpoint);
   const char* step = connect ? "connect" : "bind";
-  std::string where = opts.endpoint;
+  const std::string& where = opts.endpoint;
   try {
     bound(impl_->sub, opts);
     impl_->sub.set(zmq::sockopt::subscribe, opts.topic);
@@ -48,17 +50,28 @@ kv_event_socket::kv_event_socket(const kv_event_socket_options& opts)
       impl_->sub.bind(endpoint);
       endpoint_ = impl_->sub.get(zmq::sockopt::last_endpoint);
     }
-    if (!opts.replay.empty()) {
-      step = "connect to";
-      where = opts.replay;
-      impl_->dealer.emplace(impl_->context, zmq::socket_type::dealer);
-      bound(*impl_->dealer, opts); // the replay endpoint is the engine's too
-      impl_->dealer->connect(opts.replay);
-    }
   } catch (const zmq::error_t& e) {
     error_ = fmt::format("cannot {} the KV event socket at {}: {}", step, where, e.what());
     endpoint_.clear();
     impl_.reset();
+    return;
+  }
+  if (!opts.replay.empty() && !connect_replay(opts.replay, error_)) {
+    endpoint_.clear();
+    impl_.reset();
+  }
+}
+
+bool kv_event_socket::connect_replay(const std::string& endpoint, std::string& error) {
+  try {
+    impl_->dealer.emplace(impl_->context, zmq::socket_type::dealer);
+    bound(*impl_->dealer, impl_->opts); // the replay endpoint is the engine's too
+    impl_->dealer->connect(endpoint);
+    return true;
+  } catch (const zmq::error_t& e) {
+    impl_->dealer.reset();
+    error = fmt::format("cannot connect to the replay endpoint at {}: {}", endpoint, e.what());
+    return false;
   }
 }
 

@@ -45,6 +45,12 @@ public:
   const std::string& endpoint() const noexcept { return endpoint_; }
   bool has_replay() const noexcept;
 
+  /// Connects the DEALER to the engine's replay endpoint (when it was not
+  /// known at opening: a launched engine's is chosen after its events
+  /// socket). Before the socket is handed to another thread. False, with
+  /// `error` saying why, if it cannot.
+  bool connect_replay(const std::string& endpoint, std::string& error);
+
   /// Waits until a socket has input, `timeout` passed, or a signal came.
   void wait(std::chrono::milliseconds timeout);
 

@@ -178,7 +178,7 @@ void append_router_metrics(wire::metrics_text& m, const router_core& core,
               kv.trusted(h) ? 1 : 0, labels);
       m.gauge("llmgw_kv_partial",
               "1 when the engine may hold blocks the index does not know (a gap replay could "
-              "not fill): scored by the better of the index and tier 1 until it stores again.",
+              "not fill): scored by the better of the index and tier 1 until its cache is emptied.",
               info.partial ? 1 : 0, labels);
       m.gauge("llmgw_kv_hash_mismatch",
               "1 when the engine's block hashes differ from llmgw's (fix its seed and hash algo).",

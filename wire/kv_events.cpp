@@ -290,7 +290,9 @@ private:
     if (events.type != msgpack::type::ARRAY)
       return wrong_type(events, "an array of events");
     pos_.field = nullptr;
-    batch_.events.reserve(events.via.array.size);
+    // Bounded: a payload of unknown (skipped) events must not reserve room
+    // for millions of known ones.
+    batch_.events.reserve(std::min<std::uint32_t>(events.via.array.size, 4096));
     for (std::uint32_t i = 0; i < events.via.array.size; ++i) {
       pos_ = position{};
       pos_.event = i;
@@ -319,7 +321,12 @@ private:
       kind = event_kind::all_blocks_cleared;
     } else {
       known = false;
-      batch_.skipped.push_back(printable(tag));
+      ++batch_.skipped;
+      auto name = printable(tag);
+      auto& types = batch_.skipped_types;
+      if (types.size() < event_batch::max_skipped_types
+          && std::find(types.begin(), types.end(), name) == types.end())
+        types.push_back(std::move(name));
       return true;
     }
     pos_.tag = to_string(kind);

@@ -102,9 +102,11 @@ struct event_batch {
   std::vector<kv_event> events;
   std::optional<std::int64_t> data_parallel_rank; ///< nullopt: nil or absent
   /// Events of a type llmgw does not know (engines add them: ROCm ATOM's
-  /// BlockTransferred), by type name, escaped as log::printable does. They
-  /// are skipped, not an error: the batch's known events still apply.
-  std::vector<std::string> skipped;
+  /// BlockTransferred): skipped, not an error; the batch's known events
+  /// still apply. How many, and the first few distinct type names (escaped).
+  std::uint32_t skipped = 0;
+  std::vector<std::string> skipped_types; ///< at most max_skipped_types
+  static constexpr std::size_t max_skipped_types = 8;
 };
 
 /// Bounds applied while decoding untrusted payloads.

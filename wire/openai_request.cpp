@@ -229,7 +229,8 @@ std::optional<std::uint64_t> find_cached_tokens(std::string_view text) {
   std::size_t digits = 0;
   for (; i < text.size() && text[i] >= '0' && text[i] <= '9' && digits < 19; ++i, ++digits)
     n = n * 10 + static_cast<std::uint64_t>(text[i] - '0');
-  if (digits == 0)
+  // A number at the very end may go on in the next piece of a stream.
+  if (digits == 0 || i >= text.size() || (text[i] >= '0' && text[i] <= '9'))
     return std::nullopt;
   return n;
 }

@@ -59,7 +59,8 @@ result<std::vector<std::uint32_t>> parse_tokenize_response(std::string_view body
 
 /// The prompt tokens an engine says it found cached, from the first
 /// `"cached_tokens": N` in an answer (vLLM's usage.prompt_tokens_details,
-/// in a whole body or a streamed usage event); nullopt when absent. A
+/// in a whole body or a streamed usage event); nullopt when absent, or when
+/// the number reaches the end of `text` (it may go on in the next piece). A
 /// search, not a parse: the proxy reads it from bytes it relays anyway.
 std::optional<std::uint64_t> find_cached_tokens(std::string_view text);
 

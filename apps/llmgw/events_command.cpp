@@ -7,8 +7,11 @@
 // '{"endpoint": "tcp://127.0.0.1:PORT", ...}'); an ipc:// endpoint is
 // connected to. A gap that replay cannot fill prints a "gap" line, a step
 // back a "restart" line, a payload that does not decode a "decode_error"
-// line; replayed events carry "replayed": true. SIGINT/SIGTERM end it
-// cleanly.
+// line, events of types llmgw does not know a "skipped" line; replayed
+// events carry "replayed": true. Attached to an engine already running, it
+// first prints, with --replay, what the engine's buffer still holds, and a
+// "gap" line for the history before it (or for all of it, without
+// --replay). SIGINT/SIGTERM end it cleanly.
 #include "apps/llmgw/commands.hpp"
 #include "net/kv_event_socket.hpp"
 #include "wire/event_json.hpp"
@@ -47,14 +50,18 @@ void print_line(const std::string& line) {
   std::fflush(stdout);
 }
 
-/// One line per event of an applied batch, and one per event of a type
-/// llmgw does not know (skipped).
+/// One line per event of an applied batch, and one for the events of
+/// types llmgw does not know (skipped).
 void print_batch(const kv::stream_action& a) {
-  for (const auto& name : a.batch.skipped) {
+  if (a.batch.skipped > 0) {
     boost::json::object obj;
     obj["seq"] = a.seq;
     obj["type"] = "skipped";
-    obj["event_type"] = name;
+    obj["count"] = a.batch.skipped;
+    boost::json::array types;
+    for (const auto& t : a.batch.skipped_types)
+      types.emplace_back(t);
+    obj["event_types"] = std::move(types);
     print_line(boost::json::serialize(obj));
   }
   for (const auto& ev : a.batch.events) {

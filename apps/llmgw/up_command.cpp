@@ -336,7 +336,8 @@ bool wait_for_engines(cluster_run& r) {
     const auto& e = r.engines[i];
     fmt::print(stderr, "llmgw up: engine {} at {} is not answering GET /health\n", e.replica,
                e.url);
-    auto port = e.url.substr(e.url.rfind(':') + 1);
+    auto url = wire::parse_http_url(e.url);
+    auto port = url ? std::to_string(url->port) : e.url;
     auto said =
       last_lines_with(r.engine_logs[i], {":" + port + ":", "engine " + e.replica + ":"}, 4);
     if (!said.empty())
@@ -389,11 +390,14 @@ void serve_until_stopped(cluster_run& r) {
 }
 
 int run_up(const up_options& o) {
+  // Signals come to this thread via sigtimedwait; children get them
+  // unblocked. Blocked before any thread exists (cluster_run's HTTP client
+  // starts one), or a thread of ours could take SIGINT and end the process.
+  auto signals = block_stop_signals();
   cluster_run r;
+  r.signals = signals;
   if (int code = prepare(o, r.topo))
     return code;
-  // Signals come to this thread via sigtimedwait; children get them unblocked.
-  r.signals = block_stop_signals();
   r.logs = o.logs;
   if (r.logs.empty()) {
     char tmpl[] = "/tmp/llmgw-up-XXXXXX";

@@ -303,6 +303,9 @@ TEST(agent_node, launches_an_engine_and_forwards_its_blocks) {
   EXPECT_EQ(st.st_mode & 0777, 0700u);
   EXPECT_EQ(st.st_uid, ::getuid());
   EXPECT_TRUE(handles.events_endpoints[1].empty());
+  ASSERT_EQ(handles.subscribers.size(), 1u);
+  EXPECT_TRUE(test::eventually([&] { return handles.subscribers[0].stats->replay.load(); }))
+    << "a launched engine's gaps are filled from its replay endpoint";
   // Bounded generously for slow sanitizer builds.
   bool equal = test::eventually([&] { return copy->blocks_of("r0") == c.expected; }, 30s);
   {

@@ -125,14 +125,27 @@ TEST(kv_events_hostile, unknown_event_types_are_skipped_and_the_rest_applies) {
   ASSERT_TRUE(batch) << batch.err().message;
   ASSERT_EQ(batch->events.size(), 1u) << "the known event";
   EXPECT_EQ(batch->events[0].kind, event_kind::all_blocks_cleared);
-  EXPECT_EQ(batch->skipped, (std::vector<std::string>{"BlockFoo", "BlockTransferred"}));
+  EXPECT_EQ(batch->skipped, 2u);
+  EXPECT_EQ(batch->skipped_types, (std::vector<std::string>{"BlockFoo", "BlockTransferred"}));
   batch = decode_batch(from_hex("92" + ts + "91"
                                 + "81a474797065a3"
                                   "0a0d1b")); // control chars in the name
   ASSERT_TRUE(batch) << batch.err().message;
-  ASSERT_EQ(batch->skipped.size(), 1u);
-  EXPECT_EQ(batch->skipped[0].find('\n'), std::string::npos)
-    << "unprintable bytes are escaped: " << batch->skipped[0];
+  ASSERT_EQ(batch->skipped_types.size(), 1u);
+  EXPECT_NE(batch->skipped_types[0].find("\\x0a"), std::string::npos)
+    << "unprintable bytes are escaped: " << batch->skipped_types[0];
+  // Many unknown events: all counted, a few names kept.
+  std::string many = "92" + ts + "dc0400"; // array16 of 1024 events
+  const char* hex = "0123456789abcdef";
+  for (int i = 0; i < 1024; ++i) { // ["a"], ["b"], ... ["z"], ["a"], ...
+    int c = 'a' + i % 26;
+    many += std::string("91a1") + hex[c >> 4] + hex[c & 15];
+  }
+  batch = decode_batch(from_hex(many));
+  ASSERT_TRUE(batch) << batch.err().message;
+  EXPECT_TRUE(batch->events.empty());
+  EXPECT_EQ(batch->skipped, 1024u);
+  EXPECT_EQ(batch->skipped_types.size(), event_batch::max_skipped_types);
   auto e = expect_error("92" + ts + "91"
                           + "81a474797065"
                             "05",

@@ -154,6 +154,10 @@ TEST(openai_answer, cached_tokens_are_found_in_a_body_or_a_usage_event) {
             std::optional<std::uint64_t>(0));
   EXPECT_EQ(find_cached_tokens(R"({"usage":{"prompt_tokens":9}})"), std::nullopt);
   EXPECT_EQ(find_cached_tokens(R"({"cached_tokens": null})"), std::nullopt);
+  EXPECT_EQ(find_cached_tokens(R"(data: {"usage":{"prompt_tokens_details":{"cached_tokens": 12)"),
+            std::nullopt)
+    << "a stream's piece may end inside the number";
+  EXPECT_EQ(find_cached_tokens(R"({"cached_tokens": 12345678901234567890123})"), std::nullopt);
   // Text the model wrote is escaped inside its string: never taken for the key.
   EXPECT_EQ(find_cached_tokens(R"({"text":"\"cached_tokens\": 5"})"), std::nullopt);
 }
