@@ -20,9 +20,9 @@ inline std::atomic<int> threshold{static_cast<int>(level::info)};
 /// Writes one line; use LLMGW_LOG, which skips formatting when filtered out.
 void write(level lvl, std::string_view who, std::string_view text);
 
-/// Text from the network or a peer, fit for a log line: control bytes and
-/// non-ASCII as \xNN (no forged lines, no terminal escapes), cut after
-/// `max` bytes with "...".
+/// Text from the network or a peer, fit for a log line or an error message:
+/// control bytes, non-ASCII and backslashes as \xNN (no forged lines, no
+/// terminal escapes), cut after `max` bytes with "...".
 std::string printable(std::string_view text, std::size_t max = 96);
 
 } // namespace llmgw::log

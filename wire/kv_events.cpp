@@ -1,5 +1,7 @@
 #include "wire/kv_events.hpp"
 
+#include "base/log.hpp"
+
 #include <fmt/format.h>
 #include <msgpack.hpp>
 
@@ -196,18 +198,9 @@ const char* type_name(const msgpack::object& obj) {
   return "unknown";
 }
 
+/// Peer text for an error message, as log::printable makes it (and shorter).
 std::string printable(std::string_view text) {
-  std::string out;
-  for (char c : text.substr(0, 40)) {
-    auto u = static_cast<unsigned char>(c);
-    if (u >= 0x20 && u < 0x7f && c != '\'')
-      out.push_back(c);
-    else
-      out += fmt::format("\\x{:02x}", u);
-  }
-  if (text.size() > 40)
-    out += "...";
-  return out;
+  return log::printable(text, 40);
 }
 
 std::string_view as_view(const msgpack::object& obj) {

@@ -103,7 +103,8 @@ struct event_batch {
   std::optional<std::int64_t> data_parallel_rank; ///< nullopt: nil or absent
   /// Events of a type llmgw does not know (engines add them: ROCm ATOM's
   /// BlockTransferred): skipped, not an error; the batch's known events
-  /// still apply. How many, and the first few distinct type names (escaped).
+  /// still apply. How many, and the first few distinct type names (escaped
+  /// as log::printable does).
   std::uint32_t skipped = 0;
   std::vector<std::string> skipped_types; ///< at most max_skipped_types
   static constexpr std::size_t max_skipped_types = 8;
