@@ -19,6 +19,16 @@ void histogram::observe(double value) {
   ++count_;
 }
 
+bool histogram::merge(const histogram& other) {
+  if (other.bounds_ != bounds_)
+    return false;
+  for (std::size_t i = 0; i < buckets_.size(); ++i)
+    buckets_[i] += other.buckets_[i];
+  sum_ += other.sum_;
+  count_ += other.count_;
+  return true;
+}
+
 double histogram::quantile(double q) const {
   if (count_ == 0)
     return 0;

@@ -22,6 +22,9 @@ public:
 
   /// Counts one observation.
   void observe(double value);
+  /// Adds `other`'s observations; false (and nothing added) when its bounds
+  /// differ.
+  bool merge(const histogram& other);
 
   const std::vector<double>& bounds() const noexcept { return bounds_; }
   /// Observations per bucket (not cumulative), the last one being +Inf.

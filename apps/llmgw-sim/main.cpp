@@ -26,7 +26,9 @@ int run(int argc, char** argv) {
   std::string served_name;
   std::string shape = "map";
   std::size_t override_blocks = 0;
-  CLI::App app{"llmgw-sim: a vLLM stand-in (HTTP API, KV cache, KV events), no GPU needed"};
+  CLI::App app{"llmgw-sim: a vLLM stand-in (HTTP API, KV cache, KV events), no GPU needed.\n"
+               "Its defaults model Llama-3.1-8B in BF16 on one H100 SXM under vLLM V1; where\n"
+               "each number comes from: docs/simulator.md"};
   app.add_option("positional", positional, "[serve] MODEL, as vLLM takes them");
   app.add_option("--model", o.model, "the model name to serve");
   app.add_option("--served-model-name", served_name, "the name clients use (default: --model)");
@@ -54,13 +56,23 @@ int run(int argc, char** argv) {
     ->capture_default_str();
   app.add_flag("--enable-prompt-tokens-details", o.prompt_tokens_details,
                "report usage.prompt_tokens_details.cached_tokens");
-  app.add_option("--sim-base-ms", o.base_ms, "fixed time before a first token")
+  auto& b = o.batch;
+  app.add_option("--max-num-batched-tokens", b.max_num_batched_tokens, "tokens per step at most")
+    ->check(CLI::Range(1, 10000000))
+    ->capture_default_str();
+  app.add_option("--max-num-seqs", b.max_num_seqs, "requests running at once at most")
+    ->check(CLI::Range(1, 100000))
+    ->capture_default_str();
+  app.add_option("--sim-step-ms", b.step_ms, "fixed time of a step (reading the weights)")
+    ->check(CLI::Range(0.0, 10000.0))
+    ->capture_default_str();
+  app.add_option("--sim-us-per-token", b.us_per_token, "step time per token computed in it")
+    ->check(CLI::Range(0.0, 1e6))
     ->capture_default_str();
   app
-    .add_option("--sim-prefill-us-per-token", o.prefill_us_per_token,
-                "prefill time per prompt token not in the cache")
-    ->capture_default_str();
-  app.add_option("--sim-decode-ms-per-token", o.decode_ms_per_token, "time per generated token")
+    .add_option("--sim-ns-per-context-token", b.ns_per_context_token,
+                "step time per token attended to (reading its KV)")
+    ->check(CLI::Range(0.0, 1e6))
     ->capture_default_str();
   app.add_option("--sim-max-tokens", o.default_max_tokens, "max_tokens when a request has none")
     ->capture_default_str();

@@ -304,6 +304,10 @@ void api::metrics(const http_responder& respond) const {
             static_cast<double>(g.hits), l);
   m.counter("vllm:request_success_total", "Requests finished.", static_cast<double>(g.succeeded),
             l);
+  m.counter("vllm:num_preemptions_total", "Requests preempted (blocks freed, work redone).",
+            static_cast<double>(g.preemptions), l);
+  m.histogram("vllm:time_to_first_token_seconds", "Time from arrival to the first token.", g.ttft,
+              l);
   respond(http_reply{200, "text/plain; version=0.0.4", m.str(), {}});
 }
 

@@ -75,77 +75,115 @@ void kv_cache::store(allocation& a, std::size_t first, std::size_t count,
   out.push_back(std::move(ev));
 }
 
+allocation kv_cache::start(const std::vector<std::uint32_t>& prompt,
+                           const wire::extra_key_recipe& extras,
+                           std::optional<std::int64_t> lora_id) {
+  allocation a;
+  a.tokens = prompt;
+  a.prompt_tokens = prompt.size();
+  a.extras = extras;
+  a.lora_id = lora_id;
+  return a;
+}
+
+prefix_hit kv_cache::lookup(const allocation& a) {
+  prefix_hit hit;
+  if (a.tokens.empty())
+    return hit;
+  auto bs = cfg_.block_size;
+  // Never the last token: at most (len - 1) / B blocks can be hits.
+  auto max_hits = (a.tokens.size() - 1) / bs;
+  hasher_.hash_into(a.tokens, a.extras, chain_);
+  for (std::size_t i = 0; i < std::min(max_hits, chain_.size()); ++i) {
+    const auto& link = chain_[i];
+    auto it = cached_.find(link.key);
+    if (it == cached_.end() || blocks_[it->second].digest != link.full)
+      break;
+    hit.blocks.push_back(it->second);
+    hit.last = link.full;
+  }
+  return hit;
+}
+
+std::size_t kv_cache::blocks_needed(const allocation& a, std::size_t upto) const noexcept {
+  auto want = (upto + cfg_.block_size - 1) / cfg_.block_size;
+  return want > a.blocks.size() ? want - a.blocks.size() : 0;
+}
+
+std::uint32_t kv_cache::take_fresh(std::vector<wire::kv_event>& out) {
+  auto id = free_.front();
+  take_from_free(id);
+  auto& b = blocks_[id];
+  if (b.hashed) { // reusing a cached free block evicts it
+    wire::kv_event ev;
+    ev.kind = wire::event_kind::block_removed;
+    ev.block_hashes = {wire_hash(b.digest)};
+    ev.medium = "GPU";
+    ev.group_idx = 0;
+    out.push_back(std::move(ev));
+    auto it = cached_.find(b.key);
+    if (it != cached_.end() && it->second == id)
+      cached_.erase(it);
+    b.hashed = false;
+  }
+  b.refs = 1;
+  ++used_;
+  return id;
+}
+
+bool kv_cache::allocate(allocation& a, const prefix_hit& hit, std::size_t upto,
+                        std::vector<wire::kv_event>& out) {
+  bool first = a.blocks.empty();
+  auto hits = first ? hit.blocks.size() : 0;
+  auto want = (upto + cfg_.block_size - 1) / cfg_.block_size;
+  auto fresh = want > a.blocks.size() + hits ? want - a.blocks.size() - hits : 0;
+  std::size_t hits_in_free = 0;
+  for (std::size_t i = 0; i < hits; ++i)
+    hits_in_free += blocks_[hit.blocks[i]].in_free;
+  if (free_.size() - hits_in_free < fresh)
+    return false;
+  if (first) {
+    queried_ += a.tokens.size();
+    hits_ += hits * cfg_.block_size;
+    a.cached_tokens = hits * cfg_.block_size;
+    for (auto id : hit.blocks) {
+      take_from_free(id);
+      if (blocks_[id].refs++ == 0)
+        ++used_; // a cached free block is in use again
+      a.blocks.push_back(id);
+    }
+    a.hashed = hits;
+    if (hits > 0)
+      a.last = hit.last;
+  }
+  for (std::size_t i = 0; i < fresh; ++i)
+    a.blocks.push_back(take_fresh(out));
+  return true;
+}
+
+void kv_cache::commit(allocation& a, std::size_t upto, std::vector<wire::kv_event>& out) {
+  auto full =
+    std::min({upto, a.tokens.size(), a.blocks.size() * cfg_.block_size}) / cfg_.block_size;
+  if (full > a.hashed)
+    store(a, a.hashed, full - a.hashed, out);
+}
+
 std::optional<allocation> kv_cache::admit(const std::vector<std::uint32_t>& prompt,
                                           const wire::extra_key_recipe& extras,
                                           std::optional<std::int64_t> lora_id, std::size_t max_new,
                                           std::vector<wire::kv_event>& out) {
-  auto bs = cfg_.block_size;
   if (prompt.empty())
     return std::nullopt;
-  auto chain = hasher_.hash(prompt, extras);
-  // Never the last prompt token: at most (len - 1) / B blocks can be hits.
-  auto max_hits = (prompt.size() - 1) / bs;
-  std::size_t hits = 0;
-  while (hits < std::min(max_hits, chain.size())) {
-    auto it = cached_.find(chain[hits].key);
-    if (it == cached_.end() || blocks_[it->second].digest != chain[hits].full)
-      break;
-    ++hits;
-  }
-  auto total = (prompt.size() + max_new + bs - 1) / bs;
-  auto fresh = total - hits;
-  std::size_t hits_in_free = 0;
-  for (std::size_t i = 0; i < hits; ++i)
-    hits_in_free += blocks_[cached_.at(chain[i].key)].in_free;
-  if (free_.size() - hits_in_free < fresh)
+  auto a = start(prompt, extras, lora_id);
+  if (!allocate(a, lookup(a), prompt.size() + max_new, out))
     return std::nullopt;
-  allocation a;
-  a.tokens = prompt;
-  a.prompt_tokens = prompt.size();
-  a.cached_tokens = hits * bs;
-  a.extras = extras;
-  a.lora_id = lora_id;
-  queried_ += prompt.size();
-  hits_ += a.cached_tokens;
-  for (std::size_t i = 0; i < hits; ++i) {
-    auto id = cached_.at(chain[i].key);
-    take_from_free(id);
-    if (blocks_[id].refs++ == 0)
-      ++used_; // a cached free block is in use again
-    a.blocks.push_back(id);
-    a.last = chain[i].full;
-  }
-  a.hashed = hits;
-  for (std::size_t i = 0; i < fresh; ++i) {
-    auto id = free_.front();
-    take_from_free(id);
-    auto& b = blocks_[id];
-    if (b.hashed) { // reusing a cached free block evicts it
-      wire::kv_event ev;
-      ev.kind = wire::event_kind::block_removed;
-      ev.block_hashes = {wire_hash(b.digest)};
-      ev.medium = "GPU";
-      ev.group_idx = 0;
-      out.push_back(std::move(ev));
-      auto it = cached_.find(b.key);
-      if (it != cached_.end() && it->second == id)
-        cached_.erase(it);
-      b.hashed = false;
-    }
-    b.refs = 1;
-    a.blocks.push_back(id);
-  }
-  used_ += fresh;
-  store(a, hits, prompt.size() / bs - hits, out);
+  commit(a, prompt.size(), out);
   return a;
 }
 
 void kv_cache::append(allocation& a, std::uint32_t token, std::vector<wire::kv_event>& out) {
   a.tokens.push_back(token);
-  auto bs = cfg_.block_size;
-  if (a.tokens.size() % bs == 0 && a.tokens.size() / bs <= a.blocks.size()
-      && a.tokens.size() / bs > a.hashed)
-    store(a, a.hashed, 1, out);
+  commit(a, a.tokens.size(), out);
 }
 
 void kv_cache::release(allocation& a) {
@@ -159,6 +197,7 @@ void kv_cache::release(allocation& a) {
     }
   }
   a.blocks.clear();
+  a.hashed = 0;
 }
 
 std::vector<wire::block_key> kv_cache::hashed_keys() const {

@@ -36,13 +36,19 @@ struct cache_config {
   bool publish_extra_keys = true; ///< events carry extra_keys (vLLM >= 2026-02)
 };
 
+/// The cached leading blocks of a request's tokens (kv_cache::lookup).
+struct prefix_hit {
+  std::vector<std::uint32_t> blocks; ///< block ids, in order
+  wire::digest last{};               ///< digest of the last of them
+};
+
 /// One request's hold on the cache.
 struct allocation {
   std::vector<std::uint32_t> blocks; ///< block ids, in order
   std::vector<std::uint32_t> tokens; ///< prompt and generated tokens so far
   std::size_t prompt_tokens = 0;
   std::size_t cached_tokens = 0; ///< prompt tokens found in the cache
-  std::size_t hashed = 0;        ///< leading blocks that are full and hashed
+  std::size_t hashed = 0;        ///< leading blocks that are full and stored
   wire::digest last{};           ///< digest of block hashed-1 (chain parent)
   wire::extra_key_recipe extras;
   std::optional<std::int64_t> lora_id;
@@ -52,9 +58,34 @@ class kv_cache {
 public:
   explicit kv_cache(cache_config cfg);
 
-  /// Admits a request for `prompt` plus up to `max_new` generated tokens:
-  /// prefix lookup, allocation, prefill stores; events go to `out`. Nullopt
-  /// when the free blocks do not suffice (nothing changes then).
+  /// A request for `prompt` that holds no blocks yet.
+  static allocation start(const std::vector<std::uint32_t>& prompt,
+                          const wire::extra_key_recipe& extras,
+                          std::optional<std::int64_t> lora_id);
+
+  /// The cached leading full blocks of `a.tokens`, never covering its last
+  /// token (that one is always computed). Takes nothing.
+  prefix_hit lookup(const allocation& a);
+
+  /// Makes `a` hold blocks for its first `upto` tokens: when it holds none
+  /// yet, the `hit` blocks first (counted as prefix cache queries and hits),
+  /// then fresh blocks as needed, least recently freed first (reusing a
+  /// cached one evicts it: a BlockRemoved to `out`). False, and nothing
+  /// changes, when the free blocks do not suffice.
+  bool allocate(allocation& a, const prefix_hit& hit, std::size_t upto,
+                std::vector<wire::kv_event>& out);
+
+  /// Hashes and stores the full blocks among `a`'s first `upto` tokens that
+  /// are not stored yet (one BlockStored for all of them, as vLLM does).
+  void commit(allocation& a, std::size_t upto, std::vector<wire::kv_event>& out);
+
+  /// Blocks `a` needs beyond those it holds to hold `upto` tokens.
+  std::size_t blocks_needed(const allocation& a, std::size_t upto) const noexcept;
+  std::size_t free_blocks() const noexcept { return free_.size(); }
+
+  /// Admits a request for `prompt` plus up to `max_new` generated tokens in
+  /// one go: lookup, allocate, commit the prompt. Nullopt when the free
+  /// blocks do not suffice (nothing changes then).
   std::optional<allocation> admit(const std::vector<std::uint32_t>& prompt,
                                   const wire::extra_key_recipe& extras,
                                   std::optional<std::int64_t> lora_id, std::size_t max_new,
@@ -63,7 +94,8 @@ public:
   /// Adds a generated token; a block it fills is hashed and stored.
   void append(allocation& a, std::uint32_t token, std::vector<wire::kv_event>& out);
 
-  /// Gives the request's blocks back, tail first.
+  /// Gives the request's blocks back, tail first; `a` can allocate again
+  /// (a preempted request starts over).
   void release(allocation& a);
 
   /// Forgets every cached block; false (and nothing published) while any
@@ -94,6 +126,7 @@ private:
 
   wire::block_hash wire_hash(const wire::digest& d) const;
   void take_from_free(std::uint32_t id);
+  std::uint32_t take_fresh(std::vector<wire::kv_event>& out);
   void store(allocation& a, std::size_t first, std::size_t count, std::vector<wire::kv_event>& out);
 
   cache_config cfg_;
@@ -101,6 +134,7 @@ private:
   std::vector<block> blocks_;
   std::list<std::uint32_t> free_; ///< front: evicted first
   std::unordered_map<wire::block_key, std::uint32_t> cached_;
+  std::vector<wire::hashed_block> chain_; ///< lookup()'s, kept for its capacity
   std::size_t used_ = 0;
   std::uint64_t queried_ = 0;
   std::uint64_t hits_ = 0;

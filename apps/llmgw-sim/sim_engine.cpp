@@ -76,7 +76,7 @@ engine::engine(engine_options opts) : impl_(std::make_unique<impl>()) {
     cc.block_size = im.opts.block_size;
     cc.seed = matchable ? im.opts.seed : std::string{};
     cc.int_hashes = im.opts.int_hashes;
-    auto rs = std::make_unique<sim_rank>(cc);
+    auto rs = std::make_unique<sim_rank>(cc, im.opts.batch);
     if (events) {
       auto rpc = pc;
       rpc.endpoint = shift_port(pc.endpoint, r);
@@ -90,11 +90,7 @@ engine::engine(engine_options opts) : impl_(std::make_unique<impl>()) {
     }
     ranks.push_back(std::move(rs));
   }
-  scheduler_options so;
-  so.base_ms = im.opts.base_ms;
-  so.prefill_us_per_token = im.opts.prefill_us_per_token;
-  so.decode_ms_per_token = im.opts.decode_ms_per_token;
-  im.sched = std::make_unique<scheduler>(so, std::move(ranks));
+  im.sched = std::make_unique<scheduler>(std::move(ranks));
   im.http_api = std::make_unique<api>(im.opts, *im.sched);
   http_server_limits limits;
   limits.idle_timeout = std::chrono::minutes(5);

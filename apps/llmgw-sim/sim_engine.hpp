@@ -5,6 +5,7 @@
 // vLLM's HTTP API (sim_api). Generated text is deterministic (sim_text).
 #pragma once
 
+#include "apps/llmgw-sim/sim_batch.hpp"
 #include "net/http_server.hpp"
 #include "wire/kv_events.hpp"
 
@@ -23,7 +24,7 @@ struct engine_options {
   std::vector<std::pair<std::string, std::string>> lora_modules; ///< name, path
   bool enable_lora = false;
   std::size_t block_size = 16;
-  std::size_t num_gpu_blocks = 8192;
+  std::size_t num_gpu_blocks = 27500; ///< an 8B model on one H100 (docs/simulator.md)
   std::size_t max_model_len = 8192;
   std::string hash_algo = "sha256_cbor";
   std::string seed; ///< PYTHONHASHSEED ("" : unset)
@@ -31,9 +32,7 @@ struct engine_options {
   wire::event_shape event_shape = wire::event_shape::map;
   std::string kv_events_config; ///< vLLM's --kv-events-config JSON, or ""
   std::size_t dp_size = 1;
-  double base_ms = 2;
-  double prefill_us_per_token = 60;
-  double decode_ms_per_token = 4;
+  batch_options batch; ///< continuous batching and step time (sim_batch.hpp)
   bool prompt_tokens_details = false;
   std::size_t default_max_tokens = 16;
 };

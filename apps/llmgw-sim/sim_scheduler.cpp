@@ -6,8 +6,8 @@ namespace llmgw::sim {
 
 using clock = std::chrono::steady_clock;
 
-scheduler::scheduler(scheduler_options opts, std::vector<std::unique_ptr<sim_rank>> ranks)
-  : opts_(opts), ranks_(std::move(ranks)), thread_([this] { run(); }) {}
+scheduler::scheduler(std::vector<std::unique_ptr<sim_rank>> ranks)
+  : ranks_(std::move(ranks)), thread_([this] { run(); }) {}
 
 scheduler::~scheduler() {
   {
@@ -86,99 +86,55 @@ void scheduler::refresh_gauges() {
   gauges now;
   std::size_t used = 0, total = 0;
   for (const auto& r : ranks_) {
-    now.running += r->running;
-    now.waiting += r->waiting.size();
+    now.running += r->batch.running();
+    now.waiting += r->batch.waiting();
     used += r->cache.used_blocks();
     total += r->cache.total_blocks();
     now.queried += r->cache.queried_tokens();
     now.hits += r->cache.hit_tokens();
+    now.succeeded += r->batch.succeeded();
+    now.preemptions += r->batch.preemptions();
+    now.ttft.merge(r->batch.ttft());
   }
   now.usage = total ? static_cast<double>(used) / static_cast<double>(total) : 0;
-  now.succeeded = succeeded_;
   std::lock_guard<std::mutex> g(mtx_);
-  gauges_ = now;
+  gauges_ = std::move(now);
 }
 
 void scheduler::admit(const std::shared_ptr<sim_request>& r) {
+  auto load = [](const sim_rank& rs) { return rs.batch.running() + rs.batch.waiting(); };
   std::size_t best = 0;
   if (r->rank_hint >= 0 && static_cast<std::size_t>(r->rank_hint) < ranks_.size())
     best = static_cast<std::size_t>(r->rank_hint);
   else
     for (std::size_t i = 1; i < ranks_.size(); ++i)
-      if (ranks_[i]->running + ranks_[i]->waiting.size()
-          < ranks_[best]->running + ranks_[best]->waiting.size())
+      if (load(*ranks_[i]) < load(*ranks_[best]))
         best = i;
   r->rank = best;
-  ranks_[best]->waiting.push_back(r);
-  try_admit(best);
+  ranks_[best]->batch.enqueue(r, clock::now());
+  step(best);
 }
 
-void scheduler::try_admit(std::size_t rank) {
+void scheduler::step(std::size_t rank) {
   auto& rs = *ranks_[rank];
-  while (!rs.waiting.empty()) {
-    auto r = rs.waiting.front();
-    if (r->cancelled) {
-      rs.waiting.pop_front();
-      continue;
-    }
-    std::vector<wire::kv_event> events;
-    auto a = rs.cache.admit(r->prompt, r->extras, r->lora_id, r->max_tokens, events);
-    if (!a) {
-      if (rs.running == 0) { // it does not fit even into an idle cache
-        rs.waiting.pop_front();
-        r->reject("the request needs more KV cache blocks than the engine has");
-        continue;
-      }
-      return; // waits for blocks to come free
-    }
-    rs.waiting.pop_front();
-    if (rs.pub)
-      rs.pub->publish(std::move(events));
-    ++rs.running;
-    auto uncached = a->prompt_tokens - a->cached_tokens;
-    r->alloc = std::move(a);
-    auto first = clock::now()
-                 + std::chrono::microseconds(static_cast<std::int64_t>(
-                   opts_.base_ms * 1000 + opts_.prefill_us_per_token * uncached));
-    at(first, [this, r] { step(r); });
-  }
-}
-
-void scheduler::finish(const std::shared_ptr<sim_request>& r) {
-  auto& rs = *ranks_[r->rank];
-  rs.cache.release(*r->alloc);
-  --rs.running;
-  try_admit(r->rank);
-}
-
-void scheduler::step(const std::shared_ptr<sim_request>& r) {
-  auto& rs = *ranks_[r->rank];
-  if (r->cancelled) {
-    finish(r);
+  if (rs.stepping)
+    return;
+  auto p = std::make_shared<step_plan>(rs.batch.plan());
+  if (p->empty()) {
+    if (rs.pub && !p->events.empty())
+      rs.pub->publish(std::move(p->events));
     return;
   }
-  auto token = next_token(r->alloc->tokens);
-  std::vector<wire::kv_event> events;
-  rs.cache.append(*r->alloc, token, events);
-  if (rs.pub)
-    rs.pub->publish(std::move(events));
-  token_out out;
-  out.piece = token_text(token);
-  out.first = r->generated == 0;
-  out.generated = ++r->generated;
-  out.last = r->generated >= r->max_tokens;
-  out.prompt_tokens = r->alloc->prompt_tokens;
-  out.cached_tokens = r->alloc->cached_tokens;
-  if (!r->emit(out))
-    r->cancelled = true;
-  if (out.last) {
-    ++succeeded_;
-    finish(r);
-    return;
-  }
-  at(clock::now()
-       + std::chrono::microseconds(static_cast<std::int64_t>(opts_.decode_ms_per_token * 1000)),
-     [this, r] { step(r); });
+  rs.stepping = true;
+  auto end = clock::now() + std::chrono::microseconds(static_cast<std::int64_t>(p->ms * 1000));
+  at(end, [this, rank, p] {
+    auto& r = *ranks_[rank];
+    if (r.pub)
+      r.pub->publish(std::move(p->events));
+    r.batch.complete(*p, clock::now());
+    r.stepping = false;
+    step(rank);
+  });
 }
 
 } // namespace llmgw::sim

@@ -1,18 +1,16 @@
-// llmgw-sim's scheduler: one thread that runs every request of every
-// data-parallel rank in simulated time. A request goes to a rank (its hint,
-// else the least busy), waits there until the rank's KV cache (sim_cache)
-// has the blocks it needs, then costs base_ms + prefill_us_per_token x (its
-// prompt tokens not found in the cache) before its first token, and
-// decode_ms_per_token for each further one. Each rank's cache events go to
-// its publisher as they happen. How tokens reach the client is the HTTP
-// API's business (sim_api): the scheduler hands each token to the request's
-// `emit`.
+// llmgw-sim's scheduler: one thread that runs every data-parallel rank's
+// continuous batching (sim_batch) in real time. A request goes to a rank
+// (its hint, else the least busy); each rank runs one step after another
+// while it has work, each step lasting what sim_batch says, and publishes
+// the step's KV events when it ends. How tokens reach the client is the
+// HTTP API's business (sim_api): the scheduler hands each token to the
+// request's `emit`.
 #pragma once
 
+#include "apps/llmgw-sim/sim_batch.hpp"
 #include "apps/llmgw-sim/sim_cache.hpp"
 #include "apps/llmgw-sim/sim_publisher.hpp"
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -21,62 +19,25 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
-#include <string>
 #include <thread>
 #include <vector>
 
 namespace llmgw::sim {
 
-/// One generated token, as the scheduler hands it to the API.
-struct token_out {
-  std::string piece;  ///< its text
-  bool first = false; ///< the first token of the answer
-  bool last = false;  ///< max_tokens reached: the answer ends here
-  std::size_t prompt_tokens = 0;
-  std::size_t cached_tokens = 0; ///< prompt tokens found in the cache
-  std::size_t generated = 0;     ///< tokens so far, this one included
-};
-
-/// One request, from the API's parsing to its last token.
-struct sim_request {
-  // Set by the API before submit():
-  std::vector<std::uint32_t> prompt;
-  wire::extra_key_recipe extras; ///< LoRA name and cache salt, as vLLM hashes them
-  std::optional<std::int64_t> lora_id;
-  std::size_t max_tokens = 16;
-  int rank_hint = -1; ///< X-data-parallel-rank, or -1
-  /// Sends one token on; false when the client is gone (the request stops).
-  std::function<bool(const token_out&)> emit;
-  /// Answers with an error instead (the request can never fit).
-  std::function<void(const std::string& message)> reject;
-  std::atomic<bool> cancelled{false}; ///< the client left (any thread)
-
-  // The scheduler's own:
-  std::size_t rank = 0;
-  std::optional<allocation> alloc;
-  std::size_t generated = 0;
-};
-
-struct scheduler_options {
-  double base_ms = 2;
-  double prefill_us_per_token = 60;
-  double decode_ms_per_token = 4;
-};
-
-/// One data-parallel rank: its KV cache and, with KV events on, its publisher.
+/// One data-parallel rank: its KV cache, its batching and, with KV events
+/// on, its publisher.
 struct sim_rank {
-  explicit sim_rank(cache_config cfg) : cache(std::move(cfg)) {}
+  sim_rank(cache_config cfg, batch_options opts) : cache(std::move(cfg)), batch(opts, cache) {}
   kv_cache cache;
+  batch_scheduler batch;
   std::unique_ptr<publisher> pub;
-  std::deque<std::shared_ptr<sim_request>> waiting;
-  std::size_t running = 0;
+  bool stepping = false; ///< a step is under way
 };
 
 class scheduler {
 public:
   /// Starts the scheduler's thread over `ranks`.
-  scheduler(scheduler_options opts, std::vector<std::unique_ptr<sim_rank>> ranks);
+  explicit scheduler(std::vector<std::unique_ptr<sim_rank>> ranks);
   /// Stops the thread; requests still running get no more tokens.
   ~scheduler();
   scheduler(const scheduler&) = delete;
@@ -98,6 +59,8 @@ public:
     std::uint64_t queried = 0;
     std::uint64_t hits = 0;
     std::uint64_t succeeded = 0;
+    std::uint64_t preemptions = 0;
+    wire::histogram ttft{ttft_buckets()}; ///< seconds, all ranks
   };
   gauges read() const;
 
@@ -107,11 +70,8 @@ private:
   void run();
   void refresh_gauges();
   void admit(const std::shared_ptr<sim_request>& r);
-  void try_admit(std::size_t rank);
-  void step(const std::shared_ptr<sim_request>& r);
-  void finish(const std::shared_ptr<sim_request>& r);
+  void step(std::size_t rank);
 
-  scheduler_options opts_;
   std::vector<std::unique_ptr<sim_rank>> ranks_; ///< the scheduler thread's only
   mutable std::mutex mtx_;
   std::condition_variable cv_;
@@ -119,8 +79,7 @@ private:
   std::multimap<std::chrono::steady_clock::time_point, std::function<void()>>
     due_; ///< the scheduler thread's only
   bool stop_ = false;
-  gauges gauges_; ///< guarded by mtx_
-  std::uint64_t succeeded_ = 0;
+  gauges gauges_;      ///< guarded by mtx_
   std::thread thread_; ///< last: starts after everything above exists
 };
 

@@ -118,7 +118,7 @@ struct sim_process {
                                      "--port",
                                      std::to_string(port),
                                      "--enable-prompt-tokens-details",
-                                     "--sim-decode-ms-per-token",
+                                     "--sim-step-ms",
                                      "0.5",
                                      "--prefix-caching-hash-algo",
                                      "sha256_cbor",
@@ -261,4 +261,31 @@ TEST(llmgw_sim, data_parallel_ranks_publish_on_port_plus_rank) {
   auto on1 = rank1->drain(300ms);
   ASSERT_EQ(on1.size(), 1u);
   EXPECT_EQ(on1[0].data_parallel_rank, std::optional<std::int64_t>(1));
+}
+
+TEST(llmgw_sim, a_full_engine_queues_and_says_so_in_vllms_metrics) {
+  events_sink sink;
+  // One request at a time: the second waits for the first's 200 tokens.
+  sim_process sim(sink.endpoint(), "", {"--max-num-seqs", "1"});
+  json::object body{{"model", "m"}, {"prompt", std::string(100, 'w')}, {"max_tokens", 200}};
+  auto one = std::async(std::launch::async, [&] {
+    return sim.request("POST", "/v1/completions", json::serialize(body));
+  });
+  auto two = std::async(std::launch::async, [&] {
+    return sim.request("POST", "/v1/completions", json::serialize(body));
+  });
+  EXPECT_EQ(one.get().status, 200);
+  EXPECT_EQ(two.get().status, 200);
+  auto m = sim.get("/metrics").body;
+  EXPECT_NE(m.find("vllm:request_success_total{model_name=\"m\"} 2"), std::string::npos) << m;
+  EXPECT_NE(m.find("vllm:time_to_first_token_seconds_count{model_name=\"m\"} 2"), std::string::npos)
+    << m;
+  EXPECT_NE(m.find("vllm:num_preemptions_total{model_name=\"m\"} 0"), std::string::npos) << m;
+  // The second request's first token came after the first's 200 steps of
+  // 0.5 ms at least: its time to first token is above 20 ms unless it
+  // arrived 80 ms late.
+  EXPECT_EQ(m.find("vllm:time_to_first_token_seconds_bucket{model_name=\"m\",le=\"0.02\"} 2"),
+            std::string::npos)
+    << m;
+  EXPECT_NE(m.find("vllm:num_requests_waiting{model_name=\"m\"} 0"), std::string::npos) << m;
 }
