@@ -108,7 +108,7 @@ latency_result decision_latency(std::size_t replicas, std::size_t prompt_tokens,
       q.chunks = routing::chunk_hashes(text, 64);
       d = core.decide(q, now);
     }));
-    core.finished(d.replica); // keep the load flat between samples
+    core.finished(progress_of(d), false); // keep the load flat between samples
     if (d.tier != routing::route_tier::kv)
       std::abort(); // the prompt is held: anything else measures the wrong path
   }

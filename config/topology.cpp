@@ -181,6 +181,12 @@ public:
 
   void read_fraction(const toml::value& t, const std::string& what, const std::string& key,
                      double& out) {
+    read_real(t, what, key, 0, 1, out);
+  }
+
+  /// A number (integer or not) in [lo, hi].
+  void read_real(const toml::value& t, const std::string& what, const std::string& key, double lo,
+                 double hi, double& out) {
     auto* v = find(t, key);
     if (!v)
       return;
@@ -193,8 +199,8 @@ public:
       problem(*v, fmt::format("{}.{} must be a number, not {}", what, key, type_name(*v)));
       return;
     }
-    if (!(x >= 0 && x <= 1)) {
-      problem(*v, fmt::format("{}.{} = {} must be between 0 and 1", what, key, x));
+    if (!(x >= lo && x <= hi)) {
+      problem(*v, fmt::format("{}.{} = {} must be between {} and {}", what, key, x, lo, hi));
       return;
     }
     out = x;
@@ -445,13 +451,20 @@ void read_router(checker& c, const toml::value& doc, router_settings& r) {
     return;
   }
   c.only_keys(*rt, "[router]",
-              {"cpu_weight", "storage_weight", "tie_margin", "hot_spot_threshold",
+              {"cpu_weight", "storage_weight", "tie_margin", "prefill_ms_per_token", "step_ms",
+               "decode_ms_per_request", "max_batched_tokens", "hot_spot_threshold",
                "tier1_chunk_bytes", "tier1_capacity", "tier1_ttl_s", "tokenize_timeout_ms",
                "tokenize_cache_entries", "tokenize_cache_mib"});
   c.read_fraction(*rt, "router", "cpu_weight", r.cpu_weight);
   c.read_fraction(*rt, "router", "storage_weight", r.storage_weight);
   c.read_fraction(*rt, "router", "tie_margin", r.tie_margin);
-  c.read_number(*rt, "router", "hot_spot_threshold", 1, 1000000, r.hot_spot_threshold);
+  if (const auto* old = c.find(*rt, "hot_spot_threshold"))
+    c.problem(*old, "router.hot_spot_threshold is gone: load is part of every decision's cost now "
+                    "(prefill_ms_per_token, step_ms, decode_ms_per_request); remove it");
+  c.read_real(*rt, "router", "prefill_ms_per_token", 0.0001, 100, r.prefill_ms_per_token);
+  c.read_real(*rt, "router", "step_ms", 0, 10000, r.step_ms);
+  c.read_real(*rt, "router", "decode_ms_per_request", 0, 1000, r.decode_ms_per_request);
+  c.read_number(*rt, "router", "max_batched_tokens", 1, 100000000, r.max_batched_tokens);
   c.read_number(*rt, "router", "tier1_chunk_bytes", 8, 65536, r.tier1_chunk_bytes);
   c.read_number(*rt, "router", "tier1_capacity", 16, 100000000, r.tier1_capacity);
   std::int64_t ttl = 0;

@@ -84,10 +84,16 @@ struct node_spec {
 
 /// Knobs of the router's decision.
 struct router_settings {
-  double cpu_weight = 0.5;               ///< a CPU-offloaded block counts this much
-  double storage_weight = 0.25;          ///< a block on another storage tier
-  double tie_margin = 0.05;              ///< scores this close to the best count as ties
-  std::uint32_t hot_spot_threshold = 16; ///< outstanding above the least loaded
+  double cpu_weight = 0.5;      ///< a CPU-offloaded block counts this much
+  double storage_weight = 0.25; ///< a block on another storage tier
+  double tie_margin = 0.05;     ///< costs this close (relatively) to the least count as ties
+  // What a replica's time to first token costs, before the gateway refines
+  // it from what it observes (routing/router_core.hpp). The defaults are
+  // vLLM's on an 8B model on one H100 (docs/simulator.md).
+  double prefill_ms_per_token = 0.04;    ///< per prompt token not cached
+  double step_ms = 5;                    ///< per engine step
+  double decode_ms_per_request = 0.1;    ///< per step, per request decoding there
+  std::size_t max_batched_tokens = 8192; ///< tokens per step (vLLM's --max-num-batched-tokens)
   std::size_t tier1_chunk_bytes = 64;    ///< prompt text per tier-1 tree step
   std::size_t tier1_capacity = 200000;   ///< tier-1 chunks kept per replica
   std::chrono::seconds tier1_ttl{900};

@@ -130,7 +130,7 @@ private:
     }
     std::lock_guard<std::mutex> g(mtx_);
     if (gone_) {
-      ctx_.plane.shared_router->finished(d.replica); // never sent
+      ctx_.plane.shared_router->finished(routing::progress_of(d), false); // never sent
       return;
     }
     // What the relay needs; the candidates' scores stay behind.
@@ -139,6 +139,9 @@ private:
     decision_.tier = d.tier;
     decision_.dp_rank = d.dp_rank;
     decision_.predicted_cached_tokens = d.predicted_cached_tokens;
+    decision_.uncached_tokens = d.uncached_tokens;
+    decision_.model_ms = d.model_ms;
+    first_token_ = false;
     tried_.push_back(d.replica);
     std::vector<std::pair<std::string, std::string>> headers;
     auto named = connection_options(req_.headers);
@@ -159,10 +162,11 @@ private:
     h.on_done = [self](const http_error& err) { self->on_done(err); };
     auto upstream = ctx_.upstream.lock();
     if (!upstream) { // the gateway is shutting down
-      ctx_.plane.shared_router->finished(d.replica);
+      ctx_.plane.shared_router->finished(routing::progress_of(d), false);
       respond_(error_reply(503, "ServiceUnavailableError", "the gateway is stopping"));
       return;
     }
+    sent_ = std::chrono::steady_clock::now();
     call_ =
       upstream->call("POST", d.url, path_, req_.body, headers, ctx_.topo->gateway.connect_timeout,
                      ctx_.topo->gateway.request_timeout, std::move(h));
@@ -198,6 +202,13 @@ private:
 
   void on_data(const std::string& data) {
     std::lock_guard<std::mutex> g(mtx_);
+    if (streaming_ && !first_token_ && !data.empty()) {
+      // The first event of a stream comes with the first token (vLLM sends
+      // its headers before): the prefill is done, and its time teaches the
+      // router this replica's rate.
+      first_token_ = true;
+      ctx_.plane.shared_router->first_token(routing::progress_of(decision_), 1e3 * since(sent_));
+    }
     if (streaming_ && decision_.tier == routing::route_tier::kv && !reported_cached_) {
       // The usage event may be split across pieces: keep a short tail.
       scan_ += data;
@@ -217,7 +228,7 @@ private:
 
   void on_done(const http_error& err) {
     std::unique_lock<std::mutex> g(mtx_);
-    ctx_.plane.shared_router->finished(decision_.replica);
+    ctx_.plane.shared_router->finished(routing::progress_of(decision_), first_token_);
     call_.reset();
     if (gone_)
       return;
@@ -324,6 +335,8 @@ private:
   std::string path_;
   wire::routing_request routing_;
   std::chrono::steady_clock::time_point started_;
+  std::chrono::steady_clock::time_point sent_; ///< the current attempt went upstream
+  bool first_token_ = false;                   ///< its first token came back
   std::mutex mtx_;
   std::vector<std::string> tried_;
   routing::route_decision decision_;

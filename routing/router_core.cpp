@@ -1,6 +1,7 @@
 #include "routing/router_core.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 namespace llmgw::routing {
 
@@ -48,10 +49,69 @@ void router_core::refresh_holders() {
   known_holders_ = kv_.holder_count();
 }
 
-void router_core::finished(const std::string& replica) {
+request_progress progress_of(const route_decision& d) {
+  return {d.replica, d.uncached_tokens, d.model_ms};
+}
+
+router_core::replica_entry* router_core::find(const std::string& replica) {
   for (auto& r : replicas_)
-    if (r.name == replica && r.outstanding > 0)
-      --r.outstanding;
+    if (r.name == replica)
+      return &r;
+  return nullptr;
+}
+
+void router_core::first_token(const request_progress& p, double observed_ms) {
+  auto* r = find(p.replica);
+  if (!r)
+    return;
+  r->queued_tokens -= std::min(r->queued_tokens, p.uncached_tokens);
+  ++r->decoding;
+  if (p.model_ms > 0 && observed_ms >= 0) {
+    // A moving average of observed / estimated, bounded so one outlier (a
+    // stalled connection, a GC pause) cannot swing decisions for long.
+    auto ratio = std::clamp(observed_ms / p.model_ms, 0.1, 10.0);
+    r->scale = std::clamp(0.8 * r->scale + 0.2 * ratio, 0.1, 10.0);
+  }
+}
+
+void router_core::finished(const request_progress& p, bool started) {
+  auto* r = find(p.replica);
+  if (!r)
+    return;
+  if (r->outstanding > 0)
+    --r->outstanding;
+  if (started) {
+    if (r->decoding > 0)
+      --r->decoding;
+  } else {
+    r->queued_tokens -= std::min(r->queued_tokens, p.uncached_tokens);
+  }
+}
+
+void router_core::estimate_costs(route_decision& d, std::uint64_t prompt, bool use_kv) const {
+  auto most_blocks = prompt > 0 ? (prompt - 1) / block_size_ : 0;
+  auto budget = static_cast<double>(std::max<std::size_t>(settings_.max_batched_tokens, 1));
+  for (std::size_t c = 0; c < d.scores.size(); ++c) {
+    auto& s = d.scores[c];
+    const auto& r = replicas_[candidates_[c]];
+    double cached = 0;
+    if (use_kv && s.trusted && !(s.partial && s.approx > s.kv))
+      cached = std::min(s.kv * d.prompt_blocks, static_cast<double>(most_blocks))
+               * static_cast<double>(block_size_);
+    else
+      cached = std::min(s.approx * static_cast<double>(prompt),
+                        static_cast<double>(prompt > 0 ? prompt - 1 : 0));
+    s.cached_tokens = static_cast<std::uint64_t>(cached);
+    s.uncached_tokens = prompt - std::min(prompt, s.cached_tokens);
+    s.queued_tokens = r.queued_tokens;
+    s.decoding = r.decoding;
+    s.scale = r.scale;
+    auto tokens = static_cast<double>(s.uncached_tokens + s.queued_tokens);
+    auto steps = std::max(1.0, std::ceil(tokens / budget));
+    auto model = settings_.prefill_ms_per_token * tokens
+                 + steps * (settings_.step_ms + settings_.decode_ms_per_request * s.decoding);
+    s.cost_ms = model * s.scale;
+  }
 }
 
 void router_core::mark_down(const std::string& replica,
@@ -95,18 +155,11 @@ route_decision router_core::decide(const route_query& q,
                       candidates_.end());
   auto& scores = d.scores;
   scores.resize(candidates_.size());
-  std::uint32_t min_load = UINT32_MAX;
   for (std::size_t c = 0; c < candidates_.size(); ++c) {
     const auto& r = replicas_[candidates_[c]];
     scores[c].replica = r.name;
     scores[c].outstanding = r.outstanding;
     scores[c].down = r.down_until > now;
-    min_load = std::min(min_load, r.outstanding);
-  }
-  std::size_t hot = 0;
-  for (auto& s : scores) {
-    s.hot = s.outstanding > min_load + settings_.hot_spot_threshold;
-    hot += s.hot;
   }
   // Tier 2: one walk over every trusted rank of every candidate.
   holders_.clear();
@@ -138,11 +191,11 @@ route_decision router_core::decide(const route_query& q,
   }
   // Tier 1, where it can matter: for replicas tier 2 cannot see, when tier 2
   // found nothing, and for /v1/route's report.
-  bool any_kv_found = std::any_of(scores.begin(), scores.end(),
-                                  [](const replica_score& s) { return s.trusted && s.kv > 0; });
+  bool any_kv = std::any_of(scores.begin(), scores.end(),
+                            [](const replica_score& s) { return s.trusted && s.kv > 0; });
   bool all_complete = std::all_of(scores.begin(), scores.end(),
                                   [](const replica_score& s) { return s.trusted && !s.partial; });
-  if (!q.chunks.empty() && (q.dry_run || !any_kv_found || !all_complete)) {
+  if (!q.chunks.empty() && (q.dry_run || !any_kv || !all_complete)) {
     tree_.expire(now); // entries past the TTL must not score, even with no inserts lately
     tree_candidates_.clear();
     for (auto i : candidates_)
@@ -151,44 +204,49 @@ route_decision router_core::decide(const route_query& q,
     for (std::size_t c = 0; c < scores.size(); ++c)
       scores[c].approx = static_cast<double>(matched_[c]) / static_cast<double>(q.chunks.size());
   }
-  // Choose among the candidates the guard keeps (all of them if it keeps none).
-  auto in_pool = [&](const replica_score& s) { return !s.hot || hot == scores.size(); };
-  bool any_kv = std::any_of(scores.begin(), scores.end(), [&](const replica_score& s) {
-    return in_pool(s) && s.trusted && s.kv > 0;
-  });
   // Whether tier 2 scores `s`: a partial state only where it knows more
   // than tier 1 does.
   auto by_kv = [&](const replica_score& s) {
     return any_kv && s.trusted && !(s.partial && s.approx > s.kv);
   };
   auto score_of = [&](const replica_score& s) { return by_kv(s) ? s.kv : s.approx; };
-  double best = 0;
+  // The prompt's length in tokens; untokenized, about 4 bytes a token.
+  std::uint64_t prompt = q.tokenized && q.prompt_tokens > 0
+                           ? q.prompt_tokens
+                           : q.chunks.size() * settings_.tier1_chunk_bytes / 4;
+  if (q.tokenized && q.prompt_tokens == 0)
+    prompt = q.keys.size() * block_size_;
+  estimate_costs(d, prompt, any_kv);
+  // The least cost wins; near-ties go to the least loaded, then in turn.
+  double least = scores[0].cost_ms;
   for (const auto& s : scores)
-    if (in_pool(s))
-      best = std::max(best, score_of(s));
+    least = std::min(least, s.cost_ms);
   std::vector<std::size_t> ties;
-  if (best > 0) {
-    for (std::size_t c = 0; c < scores.size(); ++c)
-      if (in_pool(scores[c]) && score_of(scores[c]) >= best - settings_.tie_margin)
-        ties.push_back(c);
-    // Least loaded first, then the higher score.
-    std::stable_sort(ties.begin(), ties.end(), [&](std::size_t a, std::size_t b) {
-      if (scores[a].outstanding != scores[b].outstanding)
-        return scores[a].outstanding < scores[b].outstanding;
-      return score_of(scores[a]) > score_of(scores[b]);
-    });
-    ties.resize(1);
-  } else {
-    for (std::size_t c = 0; c < scores.size(); ++c)
-      if (scores[c].outstanding == min_load)
-        ties.push_back(c);
-  }
+  std::uint32_t min_load = UINT32_MAX;
+  for (std::size_t c = 0; c < scores.size(); ++c)
+    if (scores[c].cost_ms <= least * (1 + settings_.tie_margin) + 1e-9)
+      min_load = std::min(min_load, scores[c].outstanding);
+  double least_tied = -1;
+  for (std::size_t c = 0; c < scores.size(); ++c)
+    if (scores[c].cost_ms <= least * (1 + settings_.tie_margin) + 1e-9
+        && scores[c].outstanding == min_load && (least_tied < 0 || scores[c].cost_ms < least_tied))
+      least_tied = scores[c].cost_ms;
+  for (std::size_t c = 0; c < scores.size(); ++c)
+    if (scores[c].cost_ms <= least * (1 + settings_.tie_margin) + 1e-9
+        && scores[c].outstanding == min_load && scores[c].cost_ms == least_tied)
+      ties.push_back(c);
   auto chosen = ties[ties.size() == 1 ? 0 : turn_++ % ties.size()];
   const auto& s = scores[chosen];
   auto& r = replicas_[candidates_[chosen]];
   d.replica = r.name;
   d.url = r.url;
-  if (best > 0) {
+  d.uncached_tokens = s.uncached_tokens;
+  d.cost_ms = s.cost_ms;
+  d.model_ms = s.scale > 0 ? s.cost_ms / s.scale : s.cost_ms;
+  std::uint64_t most_cached = 0;
+  for (const auto& x : scores)
+    most_cached = std::max(most_cached, x.cached_tokens);
+  if (s.cached_tokens > 0 && score_of(s) > 0) {
     d.tier = by_kv(s) ? route_tier::kv : route_tier::approx;
     d.score = score_of(s);
     if (d.tier == route_tier::kv) {
@@ -202,8 +260,9 @@ route_decision router_core::decide(const route_query& q,
   }
   if (!q.dry_run) {
     ++counters_.decisions[static_cast<int>(d.tier)];
-    counters_.hot_skips += hot == scores.size() ? 0 : hot;
+    counters_.load_overrides += s.cached_tokens < most_cached;
     ++r.outstanding;
+    r.queued_tokens += s.uncached_tokens;
   }
   return d;
 }

@@ -3,10 +3,7 @@
 //
 // Candidates are the replicas that serve the requested model (its name, or a
 // LoRA adapter one of them serves) and are not marked down (if all are down,
-// all are tried). Then:
-// - Hot-spot guard: a candidate whose outstanding requests exceed the least
-//   loaded candidate's by more than `hot_spot_threshold` is left out of prefix
-//   scoring.
+// all are tried). Each is scored by what it holds of the prompt:
 // - Tier 2 (kv): for candidates with trusted KV state, the weighted share of
 //   the prompt's leading blocks held (best data-parallel rank; a CPU or
 //   storage block counts `cpu_weight`/`storage_weight`).
@@ -14,9 +11,18 @@
 //   or tier 2 found nothing, the share of the prompt's leading text chunks the
 //   router sent there (not computed when tier 2 decides alone, except for a
 //   dry run, which reports every score).
-// - The best score wins; scores within `tie_margin` of it count as ties and go
-//   to the least loaded. With no prefix anywhere, the least loaded candidate
-//   wins (tier "load"), ties taken in turn.
+// Then each candidate's cost is estimated: the time until the request's first
+// token there, in milliseconds:
+//   scale x (prefill_ms_per_token x (its uncached prompt tokens + the prompt
+//   tokens sent there that have not started yet)
+//   + steps x (step_ms + decode_ms_per_request x requests decoding there))
+// where steps is how many engine steps of max_batched_tokens that prefill
+// takes (at least one), and scale is learnt per replica from the first
+// tokens the gateway sees (observed time against this estimate). The least
+// cost wins; costs within `tie_margin` of it count as ties and go to the
+// least loaded, then in turn. Load is part of every decision: a cache hit
+// on a replica with a long queue loses to a miss on an idle one when the
+// queue costs more than the prefill it saves.
 #pragma once
 
 #include "config/topology.hpp"
@@ -61,8 +67,14 @@ struct replica_score {
   std::int32_t dp_rank = -1;     ///< the rank holding them, -1 if none
   double approx = 0;             ///< tier-1 score, 0..1
   std::uint32_t outstanding = 0; ///< requests in flight
-  bool hot = false;              ///< skipped by prefix scoring (hot-spot guard)
   bool down = false;             ///< marked down after failures
+  // The cost and its parts:
+  std::uint64_t cached_tokens = 0;   ///< prompt tokens it should find cached
+  std::uint64_t uncached_tokens = 0; ///< prompt tokens it would compute
+  std::uint64_t queued_tokens = 0;   ///< prompt tokens sent there, not started yet
+  std::uint32_t decoding = 0;        ///< requests started there, not finished
+  double scale = 1;                  ///< learnt: observed / estimated first-token time
+  double cost_ms = 0;                ///< estimated time to first token
 };
 
 /// Why a decision names no replica.
@@ -84,6 +96,9 @@ struct route_decision {
   /// Tier kv: the prompt tokens the chosen rank should find cached, as vLLM
   /// counts them (whole blocks, never the prompt's last token); else 0.
   std::uint64_t predicted_cached_tokens = 0;
+  std::uint64_t uncached_tokens = 0; ///< the chosen replica's prefill (for started/finished)
+  double model_ms = 0;               ///< its estimated time to first token, before scaling
+  double cost_ms = 0;                ///< and after
   std::vector<replica_score> scores; ///< every candidate
   route_failure failure = route_failure::none;
   std::string error;  ///< why there is no replica, in words
@@ -94,8 +109,21 @@ struct route_decision {
 struct router_counters {
   std::uint64_t decisions[4] = {}; ///< by route_tier
   std::uint64_t no_replica = 0;
-  std::uint64_t hot_skips = 0; ///< candidates left out by the hot-spot guard
+  /// Decisions where the candidate holding the most of the prompt lost on
+  /// cost (its queue cost more than the prefill it would save).
+  std::uint64_t load_overrides = 0;
 };
+
+/// What the gateway reports of a routed request, to keep each replica's load
+/// and learnt rate current.
+struct request_progress {
+  std::string replica;
+  std::uint64_t uncached_tokens = 0; ///< route_decision::uncached_tokens
+  double model_ms = 0;               ///< route_decision::model_ms
+};
+
+/// A decision's part of what the gateway reports.
+request_progress progress_of(const route_decision& d);
 
 class router_core {
 public:
@@ -110,8 +138,14 @@ public:
   void remember(const route_decision& d, const std::vector<std::uint64_t>& chunks,
                 std::chrono::steady_clock::time_point now);
 
-  /// A request on `replica` finished (success or not).
-  void finished(const std::string& replica);
+  /// The first token of a request came back after `observed_ms`: its
+  /// prefill is done (it now decodes), and the replica's scale learns from
+  /// the time against the estimate.
+  void first_token(const request_progress& p, double observed_ms);
+
+  /// A request finished (success or not); `started` if first_token() was
+  /// called for it.
+  void finished(const request_progress& p, bool started);
 
   /// Marks `replica` down until `until` (it refused or failed a request).
   void mark_down(const std::string& replica, std::chrono::steady_clock::time_point until);
@@ -134,6 +168,9 @@ public:
     bool kv_events = false;
     std::uint32_t outstanding = 0;
     std::chrono::steady_clock::time_point down_until{};
+    std::uint64_t queued_tokens = 0; ///< prompt tokens sent, first token not seen
+    std::uint32_t decoding = 0;      ///< first token seen, not finished
+    double scale = 1;                ///< learnt (first_token)
   };
   const std::vector<replica_entry>& replicas() const noexcept { return replicas_; }
 
@@ -144,6 +181,9 @@ public:
 private:
   /// Keeps replica_holders_ in step with the holders the index has seen.
   void refresh_holders();
+  replica_entry* find(const std::string& replica);
+  /// Fills each score's cost and its parts; `prompt` in tokens.
+  void estimate_costs(route_decision& d, std::uint64_t prompt, bool use_kv) const;
 
   config::router_settings settings_;
   std::size_t block_size_;

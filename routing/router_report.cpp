@@ -45,6 +45,9 @@ std::string kv_replicas_json(const router_core& core, const router_stats& stats,
     o["model"] = r.model;
     o["kv_events"] = r.kv_events;
     o["outstanding"] = r.outstanding;
+    o["queued_tokens"] = r.queued_tokens;
+    o["decoding"] = r.decoding;
+    o["cost_scale"] = r.scale;
     o["down"] = r.down_until > now;
     json::array ranks;
     std::uint64_t blocks = 0;
@@ -111,6 +114,7 @@ std::string decision_json(const route_decision& d) {
   o["prompt_blocks"] = d.prompt_blocks;
   o["prompt_chunks"] = d.prompt_chunks;
   o["predicted_cached_tokens"] = d.predicted_cached_tokens;
+  o["cost_ms"] = d.cost_ms;
   json::array scores;
   for (const auto& s : d.scores) {
     json::object x;
@@ -123,8 +127,13 @@ std::string decision_json(const route_decision& d) {
       x["dp_rank"] = s.dp_rank;
     x["approx"] = s.approx;
     x["outstanding"] = s.outstanding;
-    x["hot"] = s.hot;
     x["down"] = s.down;
+    x["cost_ms"] = s.cost_ms;
+    x["cost"] = json::object{{"cached_tokens", s.cached_tokens},
+                             {"uncached_tokens", s.uncached_tokens},
+                             {"queued_tokens", s.queued_tokens},
+                             {"decoding", s.decoding},
+                             {"scale", s.scale}};
     scores.push_back(std::move(x));
   }
   o["scores"] = std::move(scores);
@@ -140,9 +149,10 @@ void append_router_metrics(wire::metrics_text& m, const router_core& core,
               static_cast<double>(c.decisions[static_cast<int>(t)]), {{"tier", to_string(t)}});
   m.counter("llmgw_route_no_replica_total", "Requests no replica could take.",
             static_cast<double>(c.no_replica));
-  m.counter("llmgw_hot_spot_skips_total",
-            "Candidates left out of prefix scoring for having too many requests in flight.",
-            static_cast<double>(c.hot_skips));
+  m.counter("llmgw_route_load_overrides_total",
+            "Decisions where the replica holding the most of the prompt cost more (its queue "
+            "outweighed the prefill it would save).",
+            static_cast<double>(c.load_overrides));
   m.histogram("llmgw_decision_seconds",
               "Time to decide, excluding tokenization: hashing the prompt and scoring.",
               stats.decision_seconds);
@@ -169,6 +179,15 @@ void append_router_metrics(wire::metrics_text& m, const router_core& core,
   for (const auto& r : core.replicas()) {
     m.gauge("llmgw_replica_outstanding", "Requests in flight per replica.", r.outstanding,
             {{"replica", r.name}});
+    m.gauge("llmgw_replica_queued_tokens",
+            "Prompt tokens this gateway sent per replica whose first token has not come back.",
+            static_cast<double>(r.queued_tokens), {{"replica", r.name}});
+    m.gauge("llmgw_replica_decoding", "Requests per replica past their first token.", r.decoding,
+            {{"replica", r.name}});
+    m.gauge("llmgw_replica_cost_scale",
+            "Observed over estimated time to first token per replica (the cost model's "
+            "correction, learnt).",
+            r.scale, {{"replica", r.name}});
     for (auto h : kv.holders_of(r.name)) {
       const auto& info = kv.info(h);
       wire::metric_labels labels{{"replica", r.name}, {"dp_rank", std::to_string(info.dp_rank)}};

@@ -44,9 +44,14 @@ void shared_router::record_locked(const route_query& q, const route_decision& d)
     stats_.matched_share_approx.observe(d.score);
 }
 
-void shared_router::finished(const std::string& replica) {
+void shared_router::first_token(const request_progress& p, double observed_ms) {
   std::lock_guard<std::mutex> g(mtx_);
-  core_.finished(replica);
+  core_.first_token(p, observed_ms);
+}
+
+void shared_router::finished(const request_progress& p, bool started) {
+  std::lock_guard<std::mutex> g(mtx_);
+  core_.finished(p, started);
 }
 
 void shared_router::mark_down(const std::string& replica, std::chrono::milliseconds how_long) {

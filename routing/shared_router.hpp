@@ -31,8 +31,12 @@ public:
   /// gateway threads, each taking of a contended lock can cost a sleep.
   route_decision decide_and_record(const route_query& q);
 
-  /// A request on `replica` finished (answered or failed).
-  void finished(const std::string& replica);
+  /// A request's first token came back after `observed_ms` (router_core).
+  void first_token(const request_progress& p, double observed_ms);
+
+  /// A request finished (answered or failed); `started` if first_token()
+  /// was called for it.
+  void finished(const request_progress& p, bool started);
 
   /// Avoid `replica` for `how_long` (it refused or failed a request).
   void mark_down(const std::string& replica, std::chrono::milliseconds how_long);

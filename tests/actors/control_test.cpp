@@ -231,7 +231,7 @@ TEST_F(control_test, an_engine_emptied_is_forgotten_by_tier1_too) {
   q.chunks = routing::chunk_hashes(std::string(256, 'x'), 64);
   auto sent = shared->decide_and_record(q); // tier 1 remembers a0 got this text
   ASSERT_EQ(sent.replica, "a0");
-  shared->finished("a0");
+  shared->finished(routing::progress_of(sent), false);
   q.exclude.clear();
   q.dry_run = true;
   auto before = shared->decide_and_record(q);

@@ -1,5 +1,5 @@
-// The router's decision: tiers, fallbacks, ties, the hot-spot guard, health,
-// LoRA adapters, and dry runs.
+// The router's decision: tiers, fallbacks, costs and their ties, load
+// against cache hits, the learnt rate, health, LoRA adapters, and dry runs.
 #include "routing/router_core.hpp"
 
 #include <gtest/gtest.h>
@@ -16,8 +16,12 @@ namespace {
 config::topology four_replicas() {
   config::topology t;
   t.block_size = 4;
-  t.router.hot_spot_threshold = 4;
   t.router.tie_margin = 0.05;
+  // Round rates: 1 ms per prompt token, 1 ms per step, 1 ms per decoding
+  // request per step.
+  t.router.prefill_ms_per_token = 1;
+  t.router.step_ms = 1;
+  t.router.decode_ms_per_request = 1;
   config::node_spec a;
   a.name = "agent-a";
   a.roles.agent = true;
@@ -106,7 +110,7 @@ TEST(router_core, without_any_prefix_the_least_loaded_in_turn) {
   }
   EXPECT_EQ(chosen.size(), 4u) << "each request went to an idle replica";
   EXPECT_EQ(rc.counters().decisions[static_cast<int>(route_tier::load)], 4u);
-  rc.finished("r2");
+  rc.finished({"r2"}, false);
   EXPECT_EQ(route(rc, query({}), t0).replica, "r2") << "the only one with nothing in flight";
 }
 
@@ -139,36 +143,100 @@ TEST(router_core, cpu_blocks_count_less) {
   EXPECT_EQ(score_of(d, "r1").kv_blocks, 4u);
 }
 
-TEST(router_core, scores_within_the_margin_go_to_the_least_loaded) {
+/// A prompt of `blocks` blocks (keys 1..blocks) and one token more.
+route_query long_query(block_key blocks) {
+  std::vector<block_key> keys;
+  for (block_key k = 1; k <= blocks; ++k)
+    keys.push_back(k);
+  auto q = query(keys);
+  q.prompt_tokens = blocks * 4 + 1;
+  return q;
+}
+
+std::vector<kv::block_ref> first_blocks(block_key n) {
+  std::vector<kv::block_ref> out;
+  for (block_key k = 1; k <= n; ++k)
+    out.push_back({k, kv::medium::gpu});
+  return out;
+}
+
+TEST(router_core, costs_within_the_margin_go_to_the_least_loaded) {
   router_core rc(four_replicas());
-  std::vector<block_key> prompt;
-  for (block_key k = 1; k <= 40; ++k)
-    prompt.push_back(k);
-  std::vector<kv::block_ref> all = gpu({}), most = gpu({});
-  for (block_key k = 1; k <= 40; ++k) {
-    all.push_back({k, kv::medium::gpu});
-    if (k <= 39)
-      most.push_back({k, kv::medium::gpu});
-  }
-  hold(rc, "r0", all);
-  hold(rc, "r1", most); // 0.975 vs 1.0: within 0.05
-  EXPECT_EQ(route(rc, query(prompt), t0).replica, "r0") << "equal load: the higher score";
-  auto d = route(rc, query(prompt), t0);
-  EXPECT_EQ(d.replica, "r1") << "r0 has one in flight now; r1 is within the margin";
+  hold(rc, "r0", first_blocks(25)); // 100 of the 201 tokens
+  hold(rc, "r1", first_blocks(25));
+  auto first = route(rc, long_query(50), t0);
+  EXPECT_EQ(first.replica, "r0") << "equal costs and loads: the first in turn";
+  EXPECT_EQ(first.uncached_tokens, 101u);
+  EXPECT_DOUBLE_EQ(first.cost_ms, 101 + 1);
+  rc.first_token(progress_of(first), 102); // r0 now decodes one request
+  auto d = route(rc, long_query(50), t0);
+  EXPECT_DOUBLE_EQ(score_of(d, "r0").cost_ms, 101 + (1 + 1));
+  EXPECT_EQ(d.replica, "r1") << "103 ms is within 5% of 102 ms: the less loaded wins";
   EXPECT_EQ(d.tier, route_tier::kv);
 }
 
-TEST(router_core, the_hot_spot_guard_skips_an_overloaded_replica) {
-  router_core rc(four_replicas()); // threshold 4
-  hold(rc, "r0", gpu({1, 2, 3, 4}));
-  hold(rc, "r1", gpu({1, 2}));
-  for (int i = 0; i < 5; ++i)
-    EXPECT_EQ(route(rc, query({1, 2, 3, 4}), t0).replica, "r0");
-  auto d = route(rc, query({1, 2, 3, 4}), t0);
-  EXPECT_TRUE(score_of(d, "r0").hot) << "5 outstanding > 0 + 4";
-  EXPECT_EQ(d.replica, "r1");
-  EXPECT_EQ(d.tier, route_tier::kv);
-  EXPECT_EQ(rc.counters().hot_skips, 1u);
+TEST(router_core, a_queue_outweighs_a_cache_hit) {
+  router_core rc(four_replicas());
+  hold(rc, "r0", first_blocks(40)); // all of a 161-token prompt but its last token
+  // Each request decodes on r0 after its first token: with i of them, r0
+  // costs 1 (prefill) + 1 x (1 + i) ms; an empty replica 161 + 1 ms.
+  int moved_at = -1;
+  for (int i = 0; i < 200 && moved_at < 0; ++i) {
+    auto d = route(rc, long_query(40), t0);
+    if (d.replica != "r0") {
+      moved_at = i;
+      EXPECT_EQ(d.tier, route_tier::load);
+      EXPECT_DOUBLE_EQ(score_of(d, "r0").cost_ms, 155);
+      EXPECT_EQ(score_of(d, "r0").decoding, 153u);
+      EXPECT_EQ(score_of(d, "r0").cached_tokens, 160u);
+      EXPECT_EQ(score_of(d, "r1").uncached_tokens, 161u);
+    } else {
+      EXPECT_EQ(d.tier, route_tier::kv);
+      EXPECT_DOUBLE_EQ(d.cost_ms, 2.0 + i);
+      rc.first_token(progress_of(d), d.model_ms);
+    }
+  }
+  EXPECT_EQ(moved_at, 153)
+    << "with 153 decoding there, r0 costs 155 ms: an empty replica's 162 ms is within 5%, and "
+       "the less loaded wins the tie";
+  EXPECT_EQ(rc.counters().load_overrides, 1u);
+}
+
+TEST(router_core, prompt_tokens_waiting_for_their_first_token_count_as_queue) {
+  router_core rc(four_replicas());
+  hold(rc, "r0", first_blocks(40));
+  auto a = route(rc, long_query(40), t0);
+  EXPECT_EQ(a.replica, "r0");
+  EXPECT_EQ(a.uncached_tokens, 1u);
+  // A 400-token prompt nobody holds goes to r1 and is not started yet.
+  auto other = query({});
+  other.prompt_tokens = 400;
+  other.tokenized = true;
+  auto b = route(rc, other, t0);
+  EXPECT_NE(b.replica, "r0") << "r0 has a request queued: the empty ones cost less";
+  auto c = route(rc, other, t0);
+  EXPECT_NE(c.replica, b.replica) << "401 ms of queue on " << b.replica;
+  rc.finished(progress_of(b), false);
+  auto on_b = route(rc, other, t0);
+  EXPECT_DOUBLE_EQ(score_of(on_b, b.replica).cost_ms, 401) << "its queue is gone";
+}
+
+TEST(router_core, the_cost_scale_learns_from_observed_first_tokens) {
+  router_core rc(four_replicas());
+  auto q = query({});
+  q.prompt_tokens = 99;
+  auto d = route(rc, q, t0);
+  EXPECT_DOUBLE_EQ(d.model_ms, 100);
+  rc.first_token(progress_of(d), 300); // three times slower than estimated
+  rc.finished(progress_of(d), true);
+  auto dry = q;
+  dry.dry_run = true;
+  auto again = rc.decide(dry, t0);
+  EXPECT_DOUBLE_EQ(score_of(again, d.replica).scale, 0.8 + 0.2 * 3);
+  EXPECT_DOUBLE_EQ(score_of(again, d.replica).cost_ms, 100 * 1.4);
+  EXPECT_NE(again.replica, d.replica) << "the slower replica costs more";
+  rc.first_token(progress_of(d), 1e9); // an outlier moves it by a bounded step
+  EXPECT_LE(score_of(rc.decide(dry, t0), d.replica).scale, 0.8 * 1.4 + 0.2 * 10 + 1e-9);
 }
 
 TEST(router_core, tier1_when_tokenization_failed) {
@@ -177,7 +245,7 @@ TEST(router_core, tier1_when_tokenization_failed) {
   hold(rc, "r0", gpu({1, 2}));
   auto first = route(rc, query({}, text), t0); // by load; remembered for tier 1
   ASSERT_EQ(first.tier, route_tier::load);
-  rc.finished(first.replica);
+  rc.finished(progress_of(first), false);
   route_query q = query({}, text + "and more text");
   q.tokenized = false;
   auto d = route(rc, q, t0);
@@ -192,11 +260,11 @@ TEST(router_core, tier1_entries_past_the_ttl_do_not_score) {
   router_core rc(topo);
   std::string text(64, 'p');
   auto first = route(rc, query({}, text), t0);
-  rc.finished(first.replica);
+  rc.finished(progress_of(first), false);
   auto q = query({}, text);
   q.tokenized = false;
   EXPECT_EQ(route(rc, q, t0 + 30s).tier, route_tier::approx);
-  rc.finished(first.replica);
+  rc.finished(progress_of(first), false);
   auto late = q;
   late.dry_run = true;
   EXPECT_EQ(rc.decide(late, t0 + 120s).tier, route_tier::load)
@@ -207,7 +275,7 @@ TEST(router_core, tier1_when_tier2_finds_nothing) {
   router_core rc(four_replicas());
   std::string text(64, 'p');
   auto first = route(rc, query({}, text), t0);
-  rc.finished(first.replica);
+  rc.finished(progress_of(first), false);
   hold(rc, "r0", gpu({7}));
   hold(rc, "r1", gpu({7}));
   auto d = route(rc, query({1, 2}, text), t0);
@@ -222,7 +290,7 @@ TEST(router_core, untrusted_replicas_are_scored_by_tier1_beside_trusted_ones) {
   auto q = query({}, text);
   q.exclude = {"r0", "r1", "r3"};
   ASSERT_EQ(route(rc, q, t0).replica, "r2");
-  rc.finished("r2");
+  rc.finished({"r2"}, false);
   hold(rc, "r0", gpu({1}));                                         // kv 0.25
   hold(rc, "r1", gpu({1, 2, 3, 4}), 0, kv::parity_state::mismatch); // not trusted
   auto d = route(rc, query({1, 2, 3, 4}, text), t0);
@@ -244,7 +312,7 @@ TEST(router_core, a_partial_state_scores_by_the_better_of_the_index_and_tier1) {
   std::vector<kv::block_ref> none;
   rc.kv().apply({first.replica, 0, 2, true, kv::parity_state::unknown, &none, nullptr, true}, t0);
   hold(rc, "r2" == first.replica ? "r1" : "r2", gpu({1})); // another holds one block
-  rc.finished(first.replica);
+  rc.finished(progress_of(first), false);
   auto d = route(rc, q, t0 + 1s);
   EXPECT_EQ(d.replica, first.replica) << "tier 1 knows more than the partial index";
   EXPECT_EQ(d.tier, route_tier::approx);
@@ -252,7 +320,7 @@ TEST(router_core, a_partial_state_scores_by_the_better_of_the_index_and_tier1) {
   // Once the engine is known to be empty (trusted, not partial), tier 1's
   // memory no longer counts for it.
   rc.kv().apply({first.replica, 0, 3, true, kv::parity_state::unknown, &none, nullptr, false}, t0);
-  rc.finished(d.replica);
+  rc.finished(progress_of(d), false);
   rc.forget_sent(first.replica);
   d = route(rc, q, t0 + 2s);
   EXPECT_NE(d.replica, first.replica);
@@ -282,10 +350,12 @@ TEST(router_core, excluded_and_down_replicas) {
   auto d = route(rc, q, t0);
   EXPECT_NE(d.replica, "r0");
   EXPECT_EQ(d.tier, route_tier::load);
-  rc.finished(d.replica);
+  rc.finished(progress_of(d), false);
   rc.mark_down("r0", t0 + 10s);
   EXPECT_NE(route(rc, query({1, 2}), t0).replica, "r0") << "down for 10 s";
-  EXPECT_EQ(route(rc, query({1, 2}), t0 + 11s).replica, "r0") << "back after that";
+  auto back = route(rc, query({1, 2}), t0 + 11s);
+  EXPECT_EQ(back.replica, "r0") << "back after that";
+  rc.finished(progress_of(back), false);
   for (const char* r : {"r0", "r1", "r2", "r3"})
     rc.mark_down(r, t0 + 60s);
   d = route(rc, query({1, 2}), t0 + 20s);

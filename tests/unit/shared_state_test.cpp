@@ -69,7 +69,7 @@ TEST(shared_router, record_remembers_the_prompt_and_counts_the_decision) {
   ASSERT_FALSE(first.replica.empty());
   EXPECT_EQ(first.tier, route_tier::load);
   lr.record(q, first);
-  lr.finished(first.replica);
+  lr.finished(progress_of(first), false);
   auto again = lr.decide(q);
   EXPECT_EQ(again.tier, route_tier::approx) << "tier 1 knows the prompt now";
   EXPECT_EQ(again.replica, first.replica);
@@ -85,7 +85,7 @@ TEST(shared_router, decide_and_record_does_both_and_leaves_dry_runs_alone) {
   auto first = lr.decide_and_record(text_query(text));
   EXPECT_EQ(first.tier, route_tier::load) << "the dry run left no tier-1 trace";
   EXPECT_EQ(outstanding(lr, first.replica), 1u);
-  lr.finished(first.replica);
+  lr.finished(progress_of(first), false);
   auto again = lr.decide_and_record(text_query(text));
   EXPECT_EQ(again.tier, route_tier::approx) << "tier 1 knows the prompt now";
   EXPECT_EQ(again.replica, first.replica);
@@ -109,15 +109,15 @@ TEST(shared_router, load_is_counted_until_finished_and_down_replicas_are_avoided
   auto b = lr.decide(text_query(""));
   EXPECT_NE(a.replica, b.replica) << "the least loaded goes next";
   EXPECT_EQ(outstanding(lr, a.replica), 1u);
-  lr.finished(a.replica);
-  lr.finished(b.replica);
+  lr.finished(progress_of(a), false);
+  lr.finished(progress_of(b), false);
   EXPECT_EQ(outstanding(lr, a.replica), 0u);
   EXPECT_EQ(outstanding(lr, b.replica), 0u);
   lr.mark_down("r0", 60s);
   for (int i = 0; i < 4; ++i) {
     auto d = lr.decide(text_query(""));
     EXPECT_EQ(d.replica, "r1");
-    lr.finished(d.replica);
+    lr.finished(progress_of(d), false);
   }
 }
 
@@ -146,7 +146,7 @@ TEST(shared_router, updates_and_decisions_from_two_threads_leave_consistent_stat
     auto d = lr.decide(q);
     ASSERT_FALSE(d.replica.empty());
     lr.record(q, d);
-    lr.finished(d.replica);
+    lr.finished(progress_of(d), false);
     by_kv += d.tier == route_tier::kv;
   }
   done = true;

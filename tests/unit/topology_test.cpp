@@ -125,6 +125,8 @@ launch = ["vllm", "serve", "llama"]
 [router]
 cpu_weight = 0.25
 tie_margin = 0.1
+prefill_ms_per_token = 0.5
+step_ms = 8
 tier1_ttl_s = 60
 tokenize_cache_mib = 64
 
@@ -162,6 +164,9 @@ max_attempts = 2
   EXPECT_FALSE(t.nodes[1].engines[1].kv_events);
   EXPECT_DOUBLE_EQ(t.router.cpu_weight, 0.25);
   EXPECT_DOUBLE_EQ(t.router.tie_margin, 0.1);
+  EXPECT_DOUBLE_EQ(t.router.prefill_ms_per_token, 0.5);
+  EXPECT_DOUBLE_EQ(t.router.step_ms, 8);
+  EXPECT_DOUBLE_EQ(t.router.decode_ms_per_request, 0.1) << "the default stays";
   EXPECT_EQ(t.router.tier1_ttl.count(), 60);
   EXPECT_EQ(t.router.tokenize_cache_mib, 64u);
   EXPECT_EQ(t.router.tokenize_cache_entries, 4096u) << "defaults stay";
@@ -241,6 +246,10 @@ TEST(topology, numbers_out_of_range) {
     1, "connection_timeout_ms (5000) must exceed twice heartbeat_ms"));
   EXPECT_TRUE(has_problem(problems_of(valid_text() + "[router]\ntokenize_cache_mib = -1\n"), 0,
                           "tokenize_cache_mib = -1 is out of range [0, 1048576]"));
+  EXPECT_TRUE(has_problem(problems_of(valid_text() + "[router]\nprefill_ms_per_token = 0\n"), 0,
+                          "prefill_ms_per_token = 0 must be between 0.0001 and 100"));
+  EXPECT_TRUE(has_problem(problems_of(valid_text() + "[router]\nhot_spot_threshold = 16\n"), 0,
+                          "router.hot_spot_threshold is gone"));
 }
 
 TEST(topology, duplicate_names_and_addresses) {
