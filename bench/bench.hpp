@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,12 @@ int run_router_bench(int rounds);
 /// `llmgw-bench gateway`: the gateway's overhead beside the upstream and nginx.
 int run_gateway_bench(int rounds, double rate, const std::string& only = {},
                       int prompt_tokens = 512);
+
+/// `llmgw-bench routing`: policies compared on seeded workloads over local
+/// clusters of llmgw-sim engines (scenarios "a" to "f").
+int run_routing_bench(const std::vector<std::string>& scenarios,
+                      const std::vector<std::string>& policies, std::uint64_t seed,
+                      double time_scale, double load);
 
 /// `llmgw-bench agent-actors`: the same through the subscriber and mirror actors.
 int run_agent_actors_bench(int rounds);

@@ -58,6 +58,29 @@ int main(int argc, char** argv) {
     ->capture_default_str();
   gw->callback(
     [&] { exit_code = llmgw::bench::run_gateway_bench(rounds, rate, only, prompt_tokens); });
+  auto* routing = app.add_subcommand(
+    "routing", "routing policies compared on local clusters of llmgw-sim engines");
+  std::vector<std::string> scenarios{"a", "b", "c", "d", "e", "f"};
+  std::vector<std::string> policies;
+  std::uint64_t seed = 1;
+  double time_scale = 4;
+  double load = 1;
+  routing->add_option("--scenarios", scenarios, "which of a..f")->capture_default_str();
+  routing->add_option(
+    "--policies", policies,
+    "round-robin, least-outstanding, session-hash, llmgw-tier1, llmgw (default: all)");
+  routing->add_option("--seed", seed, "the workload's seed")->capture_default_str();
+  routing
+    ->add_option("--time-scale", time_scale,
+                 "engine step times x this (slower sims keep two cores ahead of them)")
+    ->check(CLI::Range(0.1, 100.0))
+    ->capture_default_str();
+  routing->add_option("--load", load, "session arrival rate x this")
+    ->check(CLI::Range(0.01, 100.0))
+    ->capture_default_str();
+  routing->callback([&] {
+    exit_code = llmgw::bench::run_routing_bench(scenarios, policies, seed, time_scale, load);
+  });
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

@@ -94,8 +94,11 @@ struct router_settings {
   double step_ms = 5;                    ///< per engine step
   double decode_ms_per_request = 0.1;    ///< per step, per request decoding there
   std::size_t max_batched_tokens = 8192; ///< tokens per step (vLLM's --max-num-batched-tokens)
-  std::size_t tier1_chunk_bytes = 64;    ///< prompt text per tier-1 tree step
-  std::size_t tier1_capacity = 200000;   ///< tier-1 chunks kept per replica
+  /// A routed prompt's blocks count for the chosen replica this long, unless
+  /// its KV events confirm them first (0: no speculative entries).
+  std::chrono::milliseconds speculative_ttl{5000};
+  std::size_t tier1_chunk_bytes = 64;  ///< prompt text per tier-1 tree step
+  std::size_t tier1_capacity = 200000; ///< tier-1 chunks kept per replica
   std::chrono::seconds tier1_ttl{900};
   std::chrono::milliseconds tokenize_timeout{500};
   std::size_t tokenize_cache_entries = 4096;

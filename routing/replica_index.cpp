@@ -30,6 +30,7 @@ holder_id replica_index::holder_for(std::string_view replica, std::uint32_t dp_r
   info.replica = std::string(replica);
   info.dp_rank = dp_rank;
   holders_.push_back(std::move(info));
+  spec_.emplace_back();
   by_replica_[std::string(replica)].push_back(h);
   return h;
 }
@@ -57,19 +58,40 @@ apply_outcome replica_index::apply(const kv_change& change,
   }
   if (change.reset) {
     index_.drop(h);
+    forget_speculative(h);
     info.has_state = true;
     info.fingerprint = 0;
     ++info.resets;
   }
   info.epoch = change.epoch;
+  auto& spec = spec_[h];
+  // Whether `b` is one of h's speculative entries; it stops being one.
+  auto was_speculative = [&](const kv::block_ref& b) {
+    if (spec.empty() || b.where != kv::medium::gpu)
+      return false;
+    auto it = spec.find(b.key);
+    if (it == spec.end())
+      return false;
+    spec.erase(it);
+    --info.speculative;
+    return true;
+  };
   if (change.removed)
-    for (const auto& b : *change.removed)
-      if (index_.remove(b.key, h, b.where))
+    for (const auto& b : *change.removed) {
+      if (was_speculative(b))
+        index_.remove(b.key, h, b.where); // never in the fingerprint
+      else if (index_.remove(b.key, h, b.where))
         info.fingerprint -= fingerprint_of(b);
+    }
   if (change.added)
-    for (const auto& b : *change.added)
-      if (index_.add(b.key, h, b.where))
+    for (const auto& b : *change.added) {
+      if (was_speculative(b)) {
+        ++info.speculative_confirmed; // held already: it now counts as the engine's
         info.fingerprint += fingerprint_of(b);
+      } else if (index_.add(b.key, h, b.where)) {
+        info.fingerprint += fingerprint_of(b);
+      }
+    }
   info.parity = change.parity;
   info.partial = change.partial;
   info.last_update = now;
@@ -83,9 +105,47 @@ void replica_index::drop_replica(std::string_view replica) {
     return;
   for (auto h : it->second) {
     index_.drop(h);
+    forget_speculative(h);
     holders_[h].fingerprint = 0;
     holders_[h].has_state = false;
     holders_[h].parity = kv::parity_state::unknown;
+  }
+}
+
+void replica_index::forget_speculative(holder_id h) {
+  spec_[h].clear(); // their records in spec_order_ find nothing when they come up
+  holders_[h].speculative = 0;
+}
+
+void replica_index::speculate(holder_id h, const wire::block_key* keys, std::size_t count,
+                              std::chrono::steady_clock::time_point expires) {
+  auto& spec = spec_[h];
+  for (std::size_t i = 0; i < count; ++i) {
+    auto it = spec.find(keys[i]);
+    if (it != spec.end()) {
+      it->second = expires;
+    } else if (index_.add(keys[i], h, kv::medium::gpu)) {
+      spec.emplace(keys[i], expires);
+      ++holders_[h].speculative;
+    } else {
+      continue; // the engine holds it already
+    }
+    spec_order_.push_back({expires, h, keys[i]});
+  }
+}
+
+void replica_index::expire(std::chrono::steady_clock::time_point now) {
+  while (!spec_order_.empty() && spec_order_.front().expires <= now) {
+    auto s = spec_order_.front();
+    spec_order_.pop_front();
+    auto& spec = spec_[s.holder];
+    auto it = spec.find(s.key);
+    if (it == spec.end() || it->second != s.expires)
+      continue; // confirmed, removed, forgotten, or refreshed since
+    spec.erase(it);
+    index_.remove(s.key, s.holder, kv::medium::gpu);
+    --holders_[s.holder].speculative;
+    ++holders_[s.holder].speculative_expired;
   }
 }
 

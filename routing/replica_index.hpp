@@ -12,12 +12,21 @@
 //   it has KV state at all (a full copy arrived and was not dropped since).
 // - Dropping a replica (its node went down) forgets its blocks; it is not
 //   trusted again until a new full copy arrives.
+// - Speculative entries: when a request is routed, its prompt's blocks are
+//   entered for the chosen holder at once (speculate()), so the next
+//   requests see them before the engine's events can arrive. The engine's
+//   own store of such a block confirms it; a removal deletes it whatever
+//   its state; a full copy replaces them with the engine's truth; one that
+//   nothing confirmed by its expiry is deleted then (expire()). They never
+//   count in a holder's fingerprint, which stays comparable with the
+//   agent's mirror.
 #pragma once
 
 #include "routing/block_index.hpp"
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -56,8 +65,11 @@ struct holder_info {
   std::uint64_t resets = 0;  ///< full copies and epoch resets applied
   /// Order-independent digest of the held (key, medium) set: equal sets give
   /// equal fingerprints, so two control nodes (or a router and a mirror) can
-  /// be compared without listing blocks.
+  /// be compared without listing blocks. Speculative entries do not count.
   std::uint64_t fingerprint = 0;
+  std::uint64_t speculative = 0; ///< speculative entries held now
+  std::uint64_t speculative_confirmed = 0;
+  std::uint64_t speculative_expired = 0;
 };
 
 /// One block's contribution to a fingerprint.
@@ -76,6 +88,15 @@ public:
   /// Forgets every rank of `replica` (its node went down or its session
   /// ended): routed by tier 1 until a new full copy arrives.
   void drop_replica(std::string_view replica);
+
+  /// Enters `keys` (a prompt just routed to `h`) as speculative GPU blocks
+  /// until `expires`, where `h` does not hold them yet; refreshes the expiry
+  /// of those already speculative.
+  void speculate(holder_id h, const wire::block_key* keys, std::size_t count,
+                 std::chrono::steady_clock::time_point expires);
+
+  /// Deletes the speculative entries nothing confirmed by `now`.
+  void expire(std::chrono::steady_clock::time_point now);
 
   /// The holder id of (replica, rank), if the index has seen it.
   std::optional<holder_id> find(std::string_view replica, std::uint32_t dp_rank) const;
@@ -97,8 +118,20 @@ public:
 
 private:
   holder_id holder_for(std::string_view replica, std::uint32_t dp_rank);
+  void forget_speculative(holder_id h);
+
+  struct speculation {
+    std::chrono::steady_clock::time_point expires;
+    holder_id holder;
+    wire::block_key key;
+  };
 
   block_index index_;
+  /// Per holder: its speculative keys and when each expires.
+  std::vector<std::unordered_map<wire::block_key, std::chrono::steady_clock::time_point>> spec_;
+  /// Every speculation in the order made (expiries only grow): a later
+  /// refresh leaves an old record behind, skipped when it comes up.
+  std::deque<speculation> spec_order_;
   std::vector<holder_info> holders_;
   std::unordered_map<std::string, std::vector<holder_id>> by_replica_;
 };

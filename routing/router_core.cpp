@@ -162,6 +162,7 @@ route_decision router_core::decide(const route_query& q,
     scores[c].down = r.down_until > now;
   }
   // Tier 2: one walk over every trusted rank of every candidate.
+  kv_.expire(now);
   holders_.clear();
   holder_owner_.clear();
   refresh_holders();
@@ -217,23 +218,28 @@ route_decision router_core::decide(const route_query& q,
   if (q.tokenized && q.prompt_tokens == 0)
     prompt = q.keys.size() * block_size_;
   estimate_costs(d, prompt, any_kv);
-  // The least cost wins; near-ties go to the least loaded, then in turn.
+  // The least cost wins. Near-ties go to the one holding more of the prompt
+  // (less work for the fleet), then to the least loaded, then in turn.
   double least = scores[0].cost_ms;
   for (const auto& s : scores)
     least = std::min(least, s.cost_ms);
+  auto near = [&](const replica_score& s) {
+    return s.cost_ms <= least * (1 + settings_.tie_margin) + 1e-9;
+  };
+  auto better = [](const replica_score& a, const replica_score& b) {
+    if (a.cached_tokens != b.cached_tokens)
+      return a.cached_tokens > b.cached_tokens;
+    if (a.outstanding != b.outstanding)
+      return a.outstanding < b.outstanding;
+    return a.cost_ms < b.cost_ms;
+  };
+  std::optional<std::size_t> top;
+  for (std::size_t c = 0; c < scores.size(); ++c)
+    if (near(scores[c]) && (!top || better(scores[c], scores[*top])))
+      top = c;
   std::vector<std::size_t> ties;
-  std::uint32_t min_load = UINT32_MAX;
   for (std::size_t c = 0; c < scores.size(); ++c)
-    if (scores[c].cost_ms <= least * (1 + settings_.tie_margin) + 1e-9)
-      min_load = std::min(min_load, scores[c].outstanding);
-  double least_tied = -1;
-  for (std::size_t c = 0; c < scores.size(); ++c)
-    if (scores[c].cost_ms <= least * (1 + settings_.tie_margin) + 1e-9
-        && scores[c].outstanding == min_load && (least_tied < 0 || scores[c].cost_ms < least_tied))
-      least_tied = scores[c].cost_ms;
-  for (std::size_t c = 0; c < scores.size(); ++c)
-    if (scores[c].cost_ms <= least * (1 + settings_.tie_margin) + 1e-9
-        && scores[c].outstanding == min_load && scores[c].cost_ms == least_tied)
+    if (near(scores[c]) && !better(scores[*top], scores[c]))
       ties.push_back(c);
   auto chosen = ties[ties.size() == 1 ? 0 : turn_++ % ties.size()];
   const auto& s = scores[chosen];
@@ -257,6 +263,18 @@ route_decision router_core::decide(const route_query& q,
     }
   } else {
     d.tier = route_tier::load;
+  }
+  if (!q.dry_run && q.tokenized && !q.keys.empty() && settings_.speculative_ttl.count() > 0) {
+    // The prompt's blocks count for the chosen rank at once: the requests
+    // right behind this one find them before the engine's events can say so.
+    const auto& ranks = replica_holders_[candidates_[chosen]];
+    std::optional<holder_id> h;
+    if (d.dp_rank >= 0)
+      h = kv_.find(r.name, static_cast<std::uint32_t>(d.dp_rank));
+    else if (ranks.size() == 1)
+      h = ranks[0];
+    if (h && kv_.trusted(*h))
+      kv_.speculate(*h, q.keys.data(), q.keys.size(), now + settings_.speculative_ttl);
   }
   if (!q.dry_run) {
     ++counters_.decisions[static_cast<int>(d.tier)];

@@ -11,6 +11,9 @@
 //   or tier 2 found nothing, the share of the prompt's leading text chunks the
 //   router sent there (not computed when tier 2 decides alone, except for a
 //   dry run, which reports every score).
+// A routed prompt's blocks are entered at once as speculative for the chosen
+// rank (replica_index::speculate) for `speculative_ttl`, unless the engine's
+// events confirm them first.
 // Then each candidate's cost is estimated: the time until the request's first
 // token there, in milliseconds:
 //   scale x (prefill_ms_per_token x (its uncached prompt tokens + the prompt
@@ -19,10 +22,11 @@
 // where steps is how many engine steps of max_batched_tokens that prefill
 // takes (at least one), and scale is learnt per replica from the first
 // tokens the gateway sees (observed time against this estimate). The least
-// cost wins; costs within `tie_margin` of it count as ties and go to the
-// least loaded, then in turn. Load is part of every decision: a cache hit
-// on a replica with a long queue loses to a miss on an idle one when the
-// queue costs more than the prefill it saves.
+// cost wins; costs within `tie_margin` of it count as ties and go to the one
+// holding more of the prompt (less work for the fleet: a burst of one new
+// prefix stays together), then to the least loaded, then in turn. Load is part of every decision: a
+// cache hit on a replica with a long queue loses to a miss on an idle one when the queue costs more
+// than the prefill it saves.
 #pragma once
 
 #include "config/topology.hpp"

@@ -56,7 +56,10 @@ std::string kv_replicas_json(const router_core& core, const router_stats& stats,
       const auto& info = kv.info(h);
       json::object x;
       x["dp_rank"] = info.dp_rank;
-      x["blocks"] = kv.blocks().count(h);
+      x["blocks"] = kv.blocks().count(h) - info.speculative;
+      x["speculative_blocks"] = info.speculative;
+      x["speculative_confirmed"] = info.speculative_confirmed;
+      x["speculative_expired"] = info.speculative_expired;
       x["epoch"] = info.epoch;
       x["has_state"] = info.has_state;
       x["trusted"] = kv.trusted(h);
@@ -82,7 +85,7 @@ std::string kv_replicas_json(const router_core& core, const router_stats& stats,
         a["resets"] = std::move(resets);
         x["agent"] = std::move(a);
       }
-      blocks += kv.blocks().count(h);
+      blocks += kv.blocks().count(h) - info.speculative;
       trusted = trusted || kv.trusted(h);
       ranks.push_back(std::move(x));
     }
@@ -191,8 +194,21 @@ void append_router_metrics(wire::metrics_text& m, const router_core& core,
     for (auto h : kv.holders_of(r.name)) {
       const auto& info = kv.info(h);
       wire::metric_labels labels{{"replica", r.name}, {"dp_rank", std::to_string(info.dp_rank)}};
-      m.gauge("llmgw_kv_blocks", "Blocks the index holds per replica rank.",
-              static_cast<double>(kv.blocks().count(h)), labels);
+      m.gauge("llmgw_kv_blocks", "Blocks the index holds per replica rank (confirmed by events).",
+              static_cast<double>(kv.blocks().count(h) - info.speculative), labels);
+      m.gauge("llmgw_kv_speculative_blocks",
+              "Blocks entered for a replica rank when a prompt was routed there, not yet "
+              "confirmed by its events.",
+              static_cast<double>(info.speculative), labels);
+      auto outcome = [&](const char* o) {
+        auto l = labels;
+        l.emplace_back("outcome", o);
+        return l;
+      };
+      m.counter("llmgw_kv_speculative_total", "Speculative blocks by outcome.",
+                static_cast<double>(info.speculative_confirmed), outcome("confirmed"));
+      m.counter("llmgw_kv_speculative_total", "Speculative blocks by outcome.",
+                static_cast<double>(info.speculative_expired), outcome("expired"));
       m.gauge("llmgw_kv_trusted", "1 when the replica rank's KV state is routed on.",
               kv.trusted(h) ? 1 : 0, labels);
       m.gauge("llmgw_kv_partial",

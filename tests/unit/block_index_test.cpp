@@ -275,3 +275,45 @@ TEST(replica_index, ranks_may_arrive_in_any_order) {
   EXPECT_EQ(idx.info(hs[1]).dp_rank, 2u);
   EXPECT_TRUE(idx.holders_of("zz").empty());
 }
+
+TEST(replica_index, speculative_entries_are_confirmed_removed_or_expire) {
+  replica_index idx;
+  auto t0 = std::chrono::steady_clock::now();
+  using namespace std::chrono_literals;
+  std::vector<kv::block_ref> held{{1, kv::medium::gpu}};
+  idx.apply({"r0", 0, 0, true, kv::parity_state::verified, &held, nullptr}, t0);
+  auto h = *idx.find("r0", 0);
+  auto fingerprint = idx.info(h).fingerprint;
+  std::vector<wire::block_key> prompt{1, 2, 3, 4};
+  idx.speculate(h, prompt.data(), prompt.size(), t0 + 5s);
+  EXPECT_EQ(idx.blocks().count(h), 4u) << "they count for routing at once";
+  EXPECT_EQ(idx.info(h).speculative, 3u) << "block 1 was held already";
+  EXPECT_EQ(idx.info(h).fingerprint, fingerprint) << "the mirror does not have them";
+  // The engine stores 2 and 3 (confirmed), and evicts 4 before storing it.
+  std::vector<kv::block_ref> stored{{2, kv::medium::gpu}, {3, kv::medium::gpu}};
+  std::vector<kv::block_ref> removed{{4, kv::medium::gpu}};
+  idx.apply({"r0", 0, 0, false, kv::parity_state::verified, &stored, &removed}, t0 + 1s);
+  EXPECT_EQ(idx.info(h).speculative, 0u);
+  EXPECT_EQ(idx.info(h).speculative_confirmed, 2u);
+  EXPECT_EQ(idx.blocks().count(h), 3u) << "a removal deletes a speculative block too";
+  EXPECT_EQ(idx.info(h).fingerprint, fingerprint_of(idx.blocks().blocks_of(h)))
+    << "confirmed blocks count like any other";
+  // One nothing confirms expires; one refreshed lives on.
+  std::vector<wire::block_key> a{7}, b{8};
+  idx.speculate(h, a.data(), 1, t0 + 6s);
+  idx.speculate(h, b.data(), 1, t0 + 6s);
+  idx.speculate(h, b.data(), 1, t0 + 9s);
+  idx.expire(t0 + 5999ms);
+  EXPECT_EQ(idx.info(h).speculative, 2u) << "not yet";
+  idx.expire(t0 + 6s);
+  EXPECT_FALSE(idx.blocks().holds(7, h, kv::medium::gpu));
+  EXPECT_TRUE(idx.blocks().holds(8, h, kv::medium::gpu)) << "refreshed until 9 s";
+  EXPECT_EQ(idx.info(h).speculative_expired, 1u);
+  // A full copy is the engine's truth: speculation ends with it.
+  idx.apply({"r0", 0, 1, true, kv::parity_state::verified, &held, nullptr}, t0 + 7s);
+  EXPECT_EQ(idx.info(h).speculative, 0u);
+  EXPECT_EQ(idx.blocks().count(h), 1u);
+  idx.expire(t0 + 10s);
+  EXPECT_EQ(idx.info(h).speculative_expired, 1u) << "a forgotten entry does not expire again";
+  EXPECT_EQ(idx.blocks().count(h), 1u);
+}

@@ -22,6 +22,7 @@ config::topology four_replicas() {
   t.router.prefill_ms_per_token = 1;
   t.router.step_ms = 1;
   t.router.decode_ms_per_request = 1;
+  t.router.speculative_ttl = std::chrono::milliseconds(0); // tests that want them set it
   config::node_spec a;
   a.name = "agent-a";
   a.roles.agent = true;
@@ -186,8 +187,8 @@ TEST(router_core, a_queue_outweighs_a_cache_hit) {
     if (d.replica != "r0") {
       moved_at = i;
       EXPECT_EQ(d.tier, route_tier::load);
-      EXPECT_DOUBLE_EQ(score_of(d, "r0").cost_ms, 155);
-      EXPECT_EQ(score_of(d, "r0").decoding, 153u);
+      EXPECT_DOUBLE_EQ(score_of(d, "r0").cost_ms, 171);
+      EXPECT_EQ(score_of(d, "r0").decoding, 169u);
       EXPECT_EQ(score_of(d, "r0").cached_tokens, 160u);
       EXPECT_EQ(score_of(d, "r1").uncached_tokens, 161u);
     } else {
@@ -196,9 +197,9 @@ TEST(router_core, a_queue_outweighs_a_cache_hit) {
       rc.first_token(progress_of(d), d.model_ms);
     }
   }
-  EXPECT_EQ(moved_at, 153)
-    << "with 153 decoding there, r0 costs 155 ms: an empty replica's 162 ms is within 5%, and "
-       "the less loaded wins the tie";
+  EXPECT_EQ(moved_at, 169)
+    << "with 169 decoding there, r0 costs 171 ms: more than 5% above an empty replica's 162 ms "
+       "(within 5%, the replica holding the prompt wins the tie)";
   EXPECT_EQ(rc.counters().load_overrides, 1u);
 }
 
@@ -380,4 +381,24 @@ TEST(router_core, lora_adapters_route_to_the_replicas_serving_them) {
   EXPECT_EQ(route(rc, q, t0).replica, "q0");
   q.model = "mistral";
   EXPECT_EQ(route(rc, q, t0).failure, route_failure::unknown_model);
+}
+
+TEST(router_core, a_routed_prompt_counts_for_its_replica_at_once) {
+  auto t = four_replicas();
+  t.router.speculative_ttl = 2s;
+  router_core rc(t);
+  for (const char* r : {"r0", "r1", "r2", "r3"})
+    hold(rc, r, gpu({}));
+  auto first = route(rc, long_query(40), t0);
+  EXPECT_EQ(first.tier, route_tier::load) << "nobody holds it";
+  auto second = route(rc, long_query(40), t0 + 1ms);
+  EXPECT_EQ(second.replica, first.replica) << "the burst follows the first, before any event";
+  EXPECT_EQ(second.tier, route_tier::kv);
+  auto h = *rc.kv().find(first.replica, 0);
+  EXPECT_EQ(rc.kv().info(h).speculative, 40u);
+  rc.finished(progress_of(first), false);
+  rc.finished(progress_of(second), false);
+  auto later = rc.decide(long_query(40), t0 + 3s);
+  EXPECT_EQ(later.tier, route_tier::load) << "nothing confirmed them: expired";
+  EXPECT_EQ(rc.kv().info(h).speculative_expired, 40u);
 }

@@ -1,0 +1,685 @@
+// llmgw-bench routing: the same seeded workload through every routing
+// policy, each on a fresh local cluster of llmgw-sim engines (brought up by
+// `llmgw up`), and what each policy made of it: the share of prompt tokens
+// served from cache, time to first token, completed requests per second,
+// and how the load spread over the replicas.
+//
+// Policies: round robin, least outstanding requests and consistent-hash
+// session affinity are routed by this client straight to the engines (as a
+// simple load balancer would); llmgw with KV events off (tier 1 only) and
+// llmgw go through the gateway.
+//
+// The workload (seeded, identical for every policy): sessions arrive as a
+// Poisson process. Most are multi-turn chats about a shared document (its
+// popularity Zipf-distributed, or one hot document taking a set share),
+// each turn resending the whole history; the rest are one-off prompts.
+// Each turn is sent when the previous answer has come back.
+#include "bench/bench.hpp"
+#include "net/http_client.hpp"
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <csignal>
+#include <deque>
+#include <fcntl.h>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <netinet/in.h>
+#include <queue>
+#include <random>
+#include <sstream>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+namespace llmgw::bench {
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace json = boost::json;
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+
+// ---------------------------------------------------------------------------
+// Scenarios and policies
+
+enum class policy { round_robin, least_outstanding, session_hash, llmgw_tier1, llmgw };
+
+const char* name_of(policy p) {
+  switch (p) {
+  case policy::round_robin:
+    return "round-robin";
+  case policy::least_outstanding:
+    return "least-outstanding";
+  case policy::session_hash:
+    return "session-hash";
+  case policy::llmgw_tier1:
+    return "llmgw-tier1";
+  case policy::llmgw:
+    return "llmgw";
+  }
+  return "?";
+}
+
+bool through_gateway(policy p) {
+  return p == policy::llmgw_tier1 || p == policy::llmgw;
+}
+
+struct scenario {
+  std::string name;
+  std::string what;
+  std::size_t engines = 4;
+  std::size_t gpu_blocks = 27500; ///< per engine
+  std::size_t controls = 1;       ///< gateways; requests alternate between them
+  // Workload:
+  std::size_t sessions = 160;
+  double sessions_per_s = 4;
+  std::size_t documents = 24;
+  std::size_t doc_tokens = 3000;
+  double zipf_s = 1.1;
+  double hot_share = 0;       ///< >0: document 0 takes this share of the chats
+  double one_off_share = 0.1; ///< sessions that are one prompt of their own
+  std::size_t turns_min = 2, turns_max = 8;
+  std::size_t user_tokens = 150;
+  std::size_t max_tokens = 24;
+  // (e): a burst of sessions sharing a new long prefix.
+  std::size_t burst = 0;
+  double burst_at_s = 0;
+  std::size_t burst_tokens = 6000;
+  // (d): one engine killed (the agent restarts it) at this time.
+  double restart_at_s = -1;
+};
+
+/// Times an engine step takes, scaled (the sims are slowed so that two
+/// cores running every process keep up with the simulated GPUs).
+struct engine_rates {
+  double scale = 4;
+  double step_ms() const { return 5 * scale; }
+  double us_per_token() const { return 40 * scale; }
+  double ns_per_context_token() const { return 39 * scale; }
+};
+
+// ---------------------------------------------------------------------------
+// The workload
+
+/// Text of about `tokens` llmgw-sim tokens (4 bytes each): words of 3
+/// letters and a space, drawn from `rng`.
+std::string text_of(std::mt19937_64& rng, std::size_t tokens) {
+  static const char letters[] = "abcdefghijklmnopqrstuvwxyz";
+  std::string s;
+  s.reserve(tokens * 4);
+  for (std::size_t i = 0; i < tokens; ++i) {
+    for (int c = 0; c < 3; ++c)
+      s += letters[rng() % 26];
+    s += ' ';
+  }
+  return s;
+}
+
+struct session_spec {
+  double at_s = 0;
+  std::string id;
+  std::string system; ///< a shared document, a burst prefix, or the one-off prompt
+  std::vector<std::string> users;
+  std::int64_t doc = -1; ///< -1: not a shared document
+};
+
+std::vector<session_spec> make_workload(const scenario& sc, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::string> docs;
+  for (std::size_t d = 0; d < sc.documents; ++d)
+    docs.push_back(fmt::format("Document {}: ", d) + text_of(rng, sc.doc_tokens));
+  std::vector<double> weights;
+  for (std::size_t d = 0; d < sc.documents; ++d)
+    weights.push_back(1.0 / std::pow(static_cast<double>(d + 1), sc.zipf_s));
+  std::discrete_distribution<std::size_t> zipf(weights.begin(), weights.end());
+  std::exponential_distribution<double> gap(sc.sessions_per_s);
+  std::uniform_real_distribution<double> unit(0, 1);
+  std::vector<session_spec> out;
+  double t = 0;
+  for (std::size_t i = 0; i < sc.sessions; ++i) {
+    t += gap(rng);
+    session_spec s;
+    s.at_s = t;
+    s.id = fmt::format("s{}", i);
+    if (unit(rng) < sc.one_off_share) {
+      s.system = "Task: " + text_of(rng, sc.doc_tokens / 2);
+      s.users.push_back(text_of(rng, sc.user_tokens));
+    } else {
+      auto d = sc.hot_share > 0 && unit(rng) < sc.hot_share ? 0 : zipf(rng);
+      s.doc = static_cast<std::int64_t>(d);
+      s.system = docs[d];
+      auto turns = sc.turns_min + rng() % (sc.turns_max - sc.turns_min + 1);
+      for (std::size_t k = 0; k < turns; ++k)
+        s.users.push_back(fmt::format("User {} asks: ", i) + text_of(rng, sc.user_tokens));
+    }
+    out.push_back(std::move(s));
+  }
+  if (sc.burst > 0) {
+    auto prefix = "Shared brief: " + text_of(rng, sc.burst_tokens);
+    for (std::size_t i = 0; i < sc.burst; ++i) {
+      session_spec s;
+      s.at_s = sc.burst_at_s + 0.002 * static_cast<double>(i);
+      s.id = fmt::format("burst{}", i);
+      s.system = prefix;
+      s.users.push_back(fmt::format("Burst {}: ", i) + text_of(rng, sc.user_tokens));
+      out.push_back(std::move(s));
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const session_spec& a, const session_spec& b) { return a.at_s < b.at_s; });
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// A local cluster through `llmgw up`
+
+std::uint16_t free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+struct cluster {
+  std::string dir;
+  pid_t pid = 0;
+  std::vector<std::string> gateways;
+  std::vector<std::string> engines; ///< base URLs, replica i = "e<i>"
+  std::vector<std::uint16_t> engine_ports;
+
+  ~cluster() { stop(); }
+
+  void stop() {
+    if (pid <= 0)
+      return;
+    ::kill(pid, SIGTERM);
+    int status = 0;
+    for (int i = 0; i < 400 && ::waitpid(pid, &status, WNOHANG) == 0; ++i)
+      std::this_thread::sleep_for(50ms);
+    if (::waitpid(pid, &status, WNOHANG) == 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+    }
+    pid = 0;
+  }
+};
+
+std::string exe_dir() {
+  std::error_code ec;
+  auto p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(".") : p.parent_path().string();
+}
+
+/// Writes the topology and starts `llmgw up`; false (with why) if it did
+/// not come up.
+bool start_cluster(const scenario& sc, policy p, const engine_rates& rates, cluster& c,
+                   std::string& error) {
+  char tmpl[] = "/tmp/llmgw-bench-routing-XXXXXX";
+  c.dir = ::mkdtemp(tmpl);
+  bool events = p == policy::llmgw;
+  std::ostringstream t;
+  t << "[cluster]\nname = \"bench\"\nhash_seed = \"0\"\nblock_size = 16\nflush_interval_ms = 50\n\n"
+    << "[tls]\nca = \"certs/ca.pem\"\n\n"
+    << "[router]\n"
+    << fmt::format("prefill_ms_per_token = {}\nstep_ms = {}\ndecode_ms_per_request = {}\n\n",
+                   rates.us_per_token() / 1000, rates.step_ms(), 0.15 * rates.scale);
+  for (std::size_t k = 0; k < sc.controls; ++k) {
+    auto http = free_port();
+    t << fmt::format("[[node]]\nname = \"control-{}\"\nhost = \"127.0.0.1\"\nport = {}\n"
+                     "roles = [\"control\"]\nhttp = \"127.0.0.1:{}\"\n"
+                     "cert = \"certs/control-{}.pem\"\nkey = \"certs/control-{}.key\"\n\n",
+                     k, free_port(), http, k, k);
+    c.gateways.push_back(fmt::format("http://127.0.0.1:{}", http));
+  }
+  t << "[[node]]\nname = \"agent\"\nhost = \"127.0.0.1\"\nroles = [\"agent\"]\n"
+    << "cert = \"certs/agent.pem\"\nkey = \"certs/agent.key\"\n\n";
+  for (std::size_t i = 0; i < sc.engines; ++i) {
+    auto port = free_port();
+    c.engine_ports.push_back(port);
+    c.engines.push_back(fmt::format("http://127.0.0.1:{}", port));
+    t << fmt::format(
+      "[[node.engine]]\nreplica = \"e{}\"\nmodel = \"bench\"\nurl = \"http://127.0.0.1:{}\"\n"
+      "kv_events = {}\nlaunch = [\"llmgw-sim\", \"serve\", \"bench\", \"--port\", \"{}\", "
+      "\"--num-gpu-blocks\", \"{}\", \"--max-model-len\", \"65536\", "
+      "\"--enable-prompt-tokens-details\", \"--sim-step-ms\", \"{}\", \"--sim-us-per-token\", "
+      "\"{}\", \"--sim-ns-per-context-token\", \"{}\"]\n\n",
+      i, port, events ? "true" : "false", port, sc.gpu_blocks, rates.step_ms(),
+      rates.us_per_token(), rates.ns_per_context_token());
+  }
+  auto config = c.dir + "/cluster.toml";
+  std::ofstream(config) << t.str();
+  auto out = c.dir + "/up.out";
+  auto llmgw = fs::path(exe_dir()).parent_path() / "apps" / "llmgw";
+  pid_t parent = ::getpid();
+  c.pid = ::fork();
+  if (c.pid == 0) {
+    int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::close(fd);
+    }
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent)
+      ::_exit(127);
+    auto logs = c.dir + "/logs";
+    ::execl(llmgw.c_str(), "llmgw", "up", "--config", config.c_str(), "--logs", logs.c_str(),
+            "--ready-timeout", "120", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  auto deadline = clock_type::now() + 150s;
+  while (clock_type::now() < deadline) {
+    std::ifstream in(out);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    if (ss.str().find("is up") != std::string::npos)
+      return true;
+    int status = 0;
+    if (::waitpid(c.pid, &status, WNOHANG) == c.pid) {
+      c.pid = 0;
+      error = "llmgw up exited: " + ss.str();
+      return false;
+    }
+    std::this_thread::sleep_for(100ms);
+  }
+  error = "llmgw up did not come up in time; see " + out;
+  return false;
+}
+
+/// The pid of the llmgw-sim serving `port`, from /proc.
+pid_t sim_pid(std::uint16_t port) {
+  auto want = std::to_string(port);
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    auto name = e.path().filename().string();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit))
+      continue;
+    std::ifstream in(e.path() / "cmdline");
+    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::vector<std::string> args;
+    std::string arg;
+    for (char ch : cmd) {
+      if (ch == '\0') {
+        args.push_back(arg);
+        arg.clear();
+      } else {
+        arg += ch;
+      }
+    }
+    bool sim = !args.empty() && args[0].find("llmgw-sim") != std::string::npos;
+    for (std::size_t i = 0; sim && i + 1 < args.size(); ++i)
+      if (args[i] == "--port" && args[i + 1] == want)
+        return static_cast<pid_t>(std::stoi(name));
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------
+// Running the workload
+
+struct request_result {
+  bool ok = false;
+  double ttft_ms = 0;
+  double total_ms = 0;
+  std::uint64_t prompt_tokens = 0;
+  std::uint64_t cached_tokens = 0;
+  std::string replica;
+  bool burst = false;
+  std::int64_t doc = -1;
+  double sent_s = 0;
+  double done_s = 0;
+};
+
+/// One answer's stream, as it comes.
+struct call_state {
+  std::size_t session = 0;
+  clock_type::time_point sent;
+  std::optional<clock_type::time_point> first;
+  int status = 0;
+  std::string replica;
+  std::string body;
+  std::size_t engine = SIZE_MAX; ///< direct policies: the engine called
+};
+
+/// Content, prompt and cached tokens of a streamed chat answer.
+void parse_stream(const std::string& body, std::string& content, request_result& r) {
+  std::size_t pos = 0;
+  while ((pos = body.find("data: ", pos)) != std::string::npos) {
+    auto end = body.find("\n\n", pos);
+    if (end == std::string::npos)
+      break;
+    auto payload = body.substr(pos + 6, end - pos - 6);
+    pos = end + 2;
+    if (payload == "[DONE]")
+      continue;
+    boost::system::error_code ec;
+    auto v = json::parse(payload, ec);
+    if (ec || !v.is_object())
+      continue;
+    const auto& o = v.as_object();
+    if (const auto* ch = o.if_contains("choices"); ch && ch->is_array())
+      for (const auto& c : ch->as_array())
+        if (const auto* d = c.as_object().if_contains("delta"); d && d->is_object())
+          if (const auto* t = d->as_object().if_contains("content"); t && t->is_string())
+            content += std::string(t->as_string());
+    if (const auto* u = o.if_contains("usage"); u && u->is_object()) {
+      const auto& uo = u->as_object();
+      if (const auto* p = uo.if_contains("prompt_tokens"); p && p->is_int64())
+        r.prompt_tokens = static_cast<std::uint64_t>(p->as_int64());
+      if (const auto* d = uo.if_contains("prompt_tokens_details"); d && d->is_object())
+        if (const auto* c = d->as_object().if_contains("cached_tokens"); c && c->is_int64())
+          r.cached_tokens = static_cast<std::uint64_t>(c->as_int64());
+    }
+  }
+}
+
+/// Jump consistent hash (Lamping and Veach, 2014): a key to one of `n`
+/// buckets, moving few keys when n changes.
+std::size_t jump_hash(std::uint64_t key, std::size_t n) {
+  std::int64_t b = -1, j = 0;
+  while (j < static_cast<std::int64_t>(n)) {
+    b = j;
+    key = key * 2862933555777941757ULL + 1;
+    j = static_cast<std::int64_t>(
+      static_cast<double>(b + 1)
+      * (static_cast<double>(1LL << 31) / static_cast<double>((key >> 33) + 1)));
+  }
+  return static_cast<std::size_t>(b);
+}
+
+std::vector<request_result> run_workload(const std::vector<session_spec>& work, policy p,
+                                         cluster& c, const scenario& sc) {
+  struct session_run {
+    json::array messages;
+    std::size_t turn = 0;
+  };
+  std::vector<session_run> runs(work.size());
+  for (std::size_t i = 0; i < work.size(); ++i)
+    runs[i].messages.push_back(json::object{{"role", "system"}, {"content", work[i].system}});
+  std::vector<request_result> results;
+  std::mutex mtx;
+  std::condition_variable cv;
+  std::deque<std::shared_ptr<call_state>> done;
+  std::vector<std::size_t> in_flight(c.engines.size(), 0);
+  std::size_t rr = 0, gateway_turn = 0, outstanding = 0;
+  bool restarted = sc.restart_at_s < 0;
+  auto start = clock_type::now();
+  auto seconds = [&](clock_type::time_point t) {
+    return std::chrono::duration<double>(t - start).count();
+  };
+  http_client http;
+  // (time, session): turns due.
+  using due_t = std::pair<clock_type::time_point, std::size_t>;
+  std::priority_queue<due_t, std::vector<due_t>, std::greater<>> due;
+  for (std::size_t i = 0; i < work.size(); ++i)
+    due.push({start + std::chrono::microseconds(static_cast<std::int64_t>(work[i].at_s * 1e6)), i});
+  auto send = [&](std::size_t s) {
+    auto& run = runs[s];
+    run.messages.push_back(json::object{{"role", "user"}, {"content", work[s].users[run.turn]}});
+    json::object body{{"model", "bench"},
+                      {"messages", run.messages},
+                      {"max_tokens", sc.max_tokens},
+                      {"stream", true},
+                      {"stream_options", json::object{{"include_usage", true}}}};
+    auto st = std::make_shared<call_state>();
+    st->session = s;
+    std::string base;
+    if (through_gateway(p)) {
+      base = c.gateways[gateway_turn++ % c.gateways.size()];
+    } else {
+      std::size_t e = 0;
+      if (p == policy::round_robin) {
+        e = rr++ % c.engines.size();
+      } else if (p == policy::least_outstanding) {
+        for (std::size_t k = 1; k < c.engines.size(); ++k) {
+          auto cand = (rr + k) % c.engines.size();
+          if (in_flight[cand] < in_flight[e])
+            e = cand;
+        }
+        ++rr;
+      } else {
+        e = jump_hash(std::hash<std::string>{}(work[s].id), c.engines.size());
+      }
+      ++in_flight[e];
+      st->engine = e;
+      st->replica = fmt::format("e{}", e);
+      base = c.engines[e];
+    }
+    st->sent = clock_type::now();
+    http_call_handlers h;
+    h.on_head = [st](int status, const std::vector<std::pair<std::string, std::string>>& hs) {
+      st->status = status;
+      for (const auto& [k, v] : hs)
+        if (k == "x-llmgw-replica" || k == "X-llmgw-replica")
+          st->replica = v;
+    };
+    h.on_data = [st](const std::string& d) {
+      if (!st->first && d.find("\"delta\"") != std::string::npos)
+        st->first = clock_type::now();
+      st->body += d;
+    };
+    h.on_done = [&, st](const http_error&) {
+      std::lock_guard<std::mutex> g(mtx);
+      done.push_back(st);
+      cv.notify_all();
+    };
+    ++outstanding;
+    return std::make_tuple(base, json::serialize(body), std::move(h));
+  };
+  std::size_t finished_sessions = 0;
+  std::unique_lock<std::mutex> g(mtx);
+  while (finished_sessions < work.size()) {
+    auto now = clock_type::now();
+    if (!restarted && seconds(now) >= sc.restart_at_s) {
+      restarted = true;
+      if (auto pid = sim_pid(c.engine_ports[0]))
+        ::kill(pid, SIGKILL); // the agent starts it again, with an empty cache
+    }
+    while (!due.empty() && due.top().first <= now) {
+      auto s = due.top().second;
+      due.pop();
+      g.unlock();
+      auto [base, body, h] = send(s);
+      http.call("POST", base, "/v1/chat/completions", std::move(body),
+                {{"content-type", "application/json"}}, 5s, 600s, std::move(h));
+      g.lock();
+    }
+    if (done.empty()) {
+      auto until = due.empty() ? now + 100ms : std::min(due.top().first, now + 100ms);
+      cv.wait_until(g, until);
+      continue;
+    }
+    auto st = done.front();
+    done.pop_front();
+    --outstanding;
+    auto s = st->session;
+    request_result r;
+    r.sent_s = seconds(st->sent);
+    r.done_s = seconds(clock_type::now());
+    r.total_ms = 1e3 * std::chrono::duration<double>(clock_type::now() - st->sent).count();
+    r.ttft_ms =
+      st->first ? 1e3 * std::chrono::duration<double>(*st->first - st->sent).count() : r.total_ms;
+    r.replica = st->replica;
+    r.burst = work[s].id.rfind("burst", 0) == 0;
+    r.doc = work[s].doc;
+    std::string content;
+    parse_stream(st->body, content, r);
+    r.ok = st->status == 200 && r.prompt_tokens > 0;
+    if (st->engine != SIZE_MAX)
+      --in_flight[st->engine];
+    results.push_back(r);
+    auto& run = runs[s];
+    run.messages.push_back(json::object{{"role", "assistant"}, {"content", content}});
+    if (r.ok && ++run.turn < work[s].users.size())
+      due.push({clock_type::now(), s});
+    else
+      ++finished_sessions;
+  }
+  return results;
+}
+
+// ---------------------------------------------------------------------------
+// Reporting
+
+struct summary {
+  policy p{};
+  std::size_t requests = 0, failed = 0;
+  double cached_ratio = 0;
+  double p50 = 0, p90 = 0, p99 = 0;
+  double rps = 0;
+  double spread = 0; ///< the busiest replica's prompt tokens over the mean
+  std::map<std::string, std::uint64_t> tokens_by_replica;
+  std::size_t hot_replicas = 0; ///< replicas that served a tenth of document 0's requests
+  double burst_p90 = 0;
+};
+
+double quantile(std::vector<double> xs, double q) {
+  if (xs.empty())
+    return 0;
+  std::sort(xs.begin(), xs.end());
+  auto idx = static_cast<std::size_t>(std::ceil(q * static_cast<double>(xs.size()))) - 1;
+  return xs[std::min(idx, xs.size() - 1)];
+}
+
+summary summarize(policy p, const std::vector<request_result>& rs, std::size_t engines) {
+  summary s;
+  s.p = p;
+  std::vector<double> ttft, burst;
+  std::uint64_t prompt = 0, cached = 0;
+  double first = 1e300, last = 0;
+  std::map<std::string, std::size_t> hot;
+  for (const auto& r : rs) {
+    ++s.requests;
+    if (!r.ok) {
+      ++s.failed;
+      continue;
+    }
+    ttft.push_back(r.ttft_ms);
+    if (r.burst)
+      burst.push_back(r.ttft_ms);
+    prompt += r.prompt_tokens;
+    cached += r.cached_tokens;
+    s.tokens_by_replica[r.replica] += r.prompt_tokens;
+    if (r.doc == 0)
+      ++hot[r.replica];
+    first = std::min(first, r.sent_s);
+    last = std::max(last, r.done_s);
+  }
+  s.cached_ratio = prompt ? static_cast<double>(cached) / static_cast<double>(prompt) : 0;
+  s.p50 = quantile(ttft, 0.5);
+  s.p90 = quantile(ttft, 0.9);
+  s.p99 = quantile(ttft, 0.99);
+  s.burst_p90 = quantile(burst, 0.9);
+  s.rps = last > first ? static_cast<double>(s.requests - s.failed) / (last - first) : 0;
+  std::uint64_t most = 0;
+  for (const auto& [r, t] : s.tokens_by_replica)
+    most = std::max(most, t);
+  s.spread = prompt ? static_cast<double>(most) / (static_cast<double>(prompt) / engines) : 0;
+  std::size_t hot_total = 0;
+  for (const auto& [r, n] : hot)
+    hot_total += n;
+  for (const auto& [r, n] : hot)
+    s.hot_replicas += n * 10 >= hot_total;
+  return s;
+}
+
+scenario scenario_named(const std::string& name) {
+  scenario sc;
+  sc.name = name;
+  if (name == "a") {
+    sc.what = "shared documents and multi-turn chats; the caches hold the working set";
+  } else if (name == "b") {
+    sc.what = "the same with caches too small for the working set (cache pressure)";
+    sc.gpu_blocks = 800; // 12,800 tokens each: four documents of the 24
+  } else if (name == "c") {
+    sc.what = "two control nodes; requests alternate between their gateways";
+    sc.controls = 2;
+  } else if (name == "d") {
+    sc.what = "one engine killed mid-run (its agent starts it again, empty)";
+    sc.restart_at_s = 20;
+  } else if (name == "e") {
+    sc.what = "a burst of 24 sessions sharing a new 6000-token prefix, over background chats";
+    sc.burst = 24;
+    sc.burst_at_s = 15;
+    sc.sessions = 100;
+  } else if (name == "f") {
+    sc.what = "one hot document takes half the chats, more than one engine can carry";
+    sc.hot_share = 0.5;
+    sc.sessions_per_s = 6;
+    sc.sessions = 200;
+  } else {
+    sc.name.clear();
+  }
+  return sc;
+}
+
+} // namespace
+
+int run_routing_bench(const std::vector<std::string>& scenarios,
+                      const std::vector<std::string>& policies, std::uint64_t seed,
+                      double time_scale, double load) {
+  std::vector<policy> ps;
+  for (auto p : {policy::round_robin, policy::least_outstanding, policy::session_hash,
+                 policy::llmgw_tier1, policy::llmgw})
+    if (policies.empty()
+        || std::find(policies.begin(), policies.end(), name_of(p)) != policies.end())
+      ps.push_back(p);
+  engine_rates rates;
+  rates.scale = time_scale;
+  int code = 0;
+  for (const auto& name : scenarios) {
+    auto sc = scenario_named(name);
+    if (sc.name.empty()) {
+      fmt::print(stderr, "llmgw-bench routing: no scenario '{}' (a to f)\n", name);
+      return 2;
+    }
+    sc.sessions_per_s *= load;
+    auto work = make_workload(sc, seed);
+    std::size_t requests = 0;
+    for (const auto& w : work)
+      requests += w.users.size();
+    fmt::print("\nscenario ({}): {}\n  {} engines x {} KV blocks, {} sessions ({} requests) at "
+               "{:.1f}/s, engine times x{} (step {} ms, {} us per token)\n",
+               sc.name, sc.what, sc.engines, sc.gpu_blocks, work.size(), requests,
+               sc.sessions_per_s, rates.scale, rates.step_ms(), rates.us_per_token());
+    fmt::print("  {:<18} {:>7} {:>8} {:>9} {:>9} {:>9} {:>7} {:>7} {:>6}{}\n", "policy", "cached",
+               "ttft p50", "p90 ms", "p99 ms", "req/s", "spread", "failed", "hot",
+               sc.burst ? "   burst p90" : "");
+    for (auto p : ps) {
+      cluster c;
+      std::string error;
+      if (!start_cluster(sc, p, rates, c, error)) {
+        fmt::print(stderr, "  {}: {}\n", name_of(p), error);
+        code = 1;
+        continue;
+      }
+      auto rs = run_workload(work, p, c, sc);
+      c.stop();
+      auto s = summarize(p, rs, sc.engines);
+      fmt::print("  {:<18} {:>7.3f} {:>8.0f} {:>9.0f} {:>9.0f} {:>9.2f} {:>7.2f} {:>7} {:>6}{}\n",
+                 name_of(p), s.cached_ratio, s.p50, s.p90, s.p99, s.rps, s.spread, s.failed,
+                 s.hot_replicas, sc.burst ? fmt::format("   {:>9.0f}", s.burst_p90) : "");
+      std::fflush(stdout);
+      std::error_code ec;
+      fs::remove_all(c.dir, ec);
+    }
+  }
+  return code;
+}
+
+} // namespace llmgw::bench
