@@ -5,10 +5,13 @@
 #include <boost/json.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <future>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 namespace llmgw::apps {
@@ -37,16 +40,51 @@ struct one_answer {
   std::string content;
   std::int64_t prompt_tokens = 0;
   std::int64_t cached_tokens = 0;
-  double ms = 0;
+  double ms = 0;      ///< until the answer was complete
+  double ttft_ms = 0; ///< until its first token
   std::string error;
 };
 
-one_answer chat(http_client& http, const std::string& base, const json::object& body) {
+/// The content and usage of a streamed chat answer (server-sent events).
+bool read_stream(const std::string& text, one_answer& a) {
+  bool usage = false;
+  std::size_t pos = 0;
+  while ((pos = text.find("data: ", pos)) != std::string::npos) {
+    auto end = text.find("\n\n", pos);
+    if (end == std::string::npos)
+      break;
+    auto payload = text.substr(pos + 6, end - pos - 6);
+    pos = end + 2;
+    boost::system::error_code ec;
+    auto v = json::parse(payload, ec);
+    if (ec || !v.is_object())
+      continue; // [DONE]
+    const auto& o = v.as_object();
+    if (const auto* ch = o.if_contains("choices"); ch && ch->is_array())
+      for (const auto& c : ch->as_array())
+        if (const auto* d = c.as_object().if_contains("delta"); d && d->is_object())
+          if (const auto* t = d->as_object().if_contains("content"); t && t->is_string())
+            a.content += std::string(t->as_string());
+    if (const auto* u = o.if_contains("usage"); u && u->is_object()) {
+      const auto& uo = u->as_object();
+      a.prompt_tokens = uo.at("prompt_tokens").to_number<std::int64_t>();
+      if (const auto* d = uo.if_contains("prompt_tokens_details"); d && d->is_object())
+        a.cached_tokens = d->at("cached_tokens").to_number<std::int64_t>();
+      usage = true;
+    }
+  }
+  return usage;
+}
+
+one_answer chat(http_client& http, const std::string& base, json::object body) {
   one_answer a;
   std::promise<void> done;
   std::mutex mtx;
   int status = 0;
   std::string text;
+  std::optional<std::chrono::steady_clock::time_point> first;
+  body["stream"] = true;
+  body["stream_options"] = json::object{{"include_usage", true}};
   auto start = std::chrono::steady_clock::now();
   http.call("POST", base, "/v1/chat/completions", json::serialize(body),
             {{"Content-Type", "application/json"}}, 2s, 60s,
@@ -62,6 +100,8 @@ one_answer chat(http_client& http, const std::string& base, const json::object& 
              },
              [&](const std::string& d) {
                std::lock_guard<std::mutex> g(mtx);
+               if (!first && d.find("\"delta\"") != std::string::npos)
+                 first = std::chrono::steady_clock::now();
                text += d;
              },
              [&](const http_error& e) {
@@ -78,20 +118,22 @@ one_answer chat(http_client& http, const std::string& base, const json::object& 
       a.error = fmt::format("HTTP {}: {}", status, text.substr(0, 200));
     return a;
   }
-  boost::system::error_code ec;
-  auto doc = json::parse(text, ec);
-  if (ec || !doc.is_object()) {
-    a.error = "not JSON: " + text.substr(0, 200);
+  if (!read_stream(text, a)) {
+    a.error = "no usage in the stream: " + text.substr(0, 200);
     return a;
   }
-  const auto& o = doc.as_object();
-  a.content = json::value_to<std::string>(o.at("choices").at(0).at("message").at("content"));
-  const auto& usage = o.at("usage").as_object();
-  a.prompt_tokens = usage.at("prompt_tokens").to_number<std::int64_t>();
-  if (const auto* d = usage.if_contains("prompt_tokens_details"); d && d->is_object())
-    a.cached_tokens = d->at("cached_tokens").to_number<std::int64_t>();
+  a.ttft_ms = first ? std::chrono::duration<double, std::milli>(*first - start).count() : a.ms;
   a.ok = true;
   return a;
+}
+
+/// The q-quantile (0..1) of `xs`, nearest rank.
+double quantile(std::vector<double> xs, double q) {
+  if (xs.empty())
+    return 0;
+  std::sort(xs.begin(), xs.end());
+  auto rank = static_cast<std::size_t>(std::ceil(q * static_cast<double>(xs.size())));
+  return xs[std::min(xs.size(), std::max<std::size_t>(rank, 1)) - 1];
 }
 
 struct tally {
@@ -100,12 +142,23 @@ struct tally {
   std::int64_t prompt = 0;
   std::int64_t cached = 0;
   double ms = 0;
+  std::vector<double> ttft;
   void add(const one_answer& a) {
     ++requests;
     ++tiers[a.tier];
     prompt += a.prompt_tokens;
     cached += a.cached_tokens;
     ms += a.ms;
+    ttft.push_back(a.ttft_ms);
+  }
+  void merge(const tally& t) {
+    requests += t.requests;
+    prompt += t.prompt;
+    cached += t.cached;
+    ms += t.ms;
+    for (const auto& [tier, n] : t.tiers)
+      tiers[tier] += n;
+    ttft.insert(ttft.end(), t.ttft.begin(), t.ttft.end());
   }
   double ratio() const {
     return prompt ? static_cast<double>(cached) / static_cast<double>(prompt) : 0;
@@ -196,31 +249,21 @@ demo_summary run_demo(const demo_options& o) {
     },
     failed);
   tally all, rr;
-  for (const auto& [r, t] : via_gateway) {
-    all.requests += t.requests;
-    all.prompt += t.prompt;
-    all.cached += t.cached;
-    all.ms += t.ms;
-    for (const auto& [tier, n] : t.tiers)
-      all.tiers[tier] += n;
-  }
-  for (const auto& [r, t] : round_robin) {
-    rr.requests += t.requests;
-    rr.prompt += t.prompt;
-    rr.cached += t.cached;
-    rr.ms += t.ms;
-  }
+  for (const auto& [r, t] : via_gateway)
+    all.merge(t);
+  for (const auto& [r, t] : round_robin)
+    rr.merge(t);
   auto tiers_of = [](const tally& t, const char* tier) {
     auto it = t.tiers.find(tier);
     return it == t.tiers.end() ? std::size_t{0} : it->second;
   };
-  fmt::print("\nthrough llmgw:\n{:<10} {:>8} {:>5} {:>7} {:>5} {:>11} {:>11} {:>7} {:>9}\n",
+  fmt::print("\nthrough llmgw:\n{:<10} {:>8} {:>5} {:>7} {:>5} {:>11} {:>11} {:>7} {:>9} {:>9}\n",
              "replica", "requests", "kv", "approx", "load", "prompt tok", "cached tok", "cached",
-             "mean ms");
+             "ttft p50", "ttft p90");
   auto row = [&](const std::string& name, const tally& t) {
-    fmt::print("{:<10} {:>8} {:>5} {:>7} {:>5} {:>11} {:>11} {:>6.0f}% {:>9.1f}\n", name,
-               t.requests, tiers_of(t, "kv"), tiers_of(t, "approx"), tiers_of(t, "load"), t.prompt,
-               t.cached, 100 * t.ratio(), t.mean());
+    fmt::print("{:<10} {:>8} {:>5} {:>7} {:>5} {:>11} {:>11} {:>6.0f}% {:>6.0f} ms {:>6.0f} ms\n",
+               name, t.requests, tiers_of(t, "kv"), tiers_of(t, "approx"), tiers_of(t, "load"),
+               t.prompt, t.cached, 100 * t.ratio(), quantile(t.ttft, 0.5), quantile(t.ttft, 0.9));
   };
   for (const auto& e : o.engines) {
     auto it = via_gateway.find(e.replica);
@@ -228,17 +271,22 @@ demo_summary run_demo(const demo_options& o) {
   }
   row("all", all);
   fmt::print("\nround-robin straight to the engines (the same traffic, caches reset first):\n");
-  fmt::print("{:<10} {:>8} {:>31} {:>11} {:>6.0f}% {:>9.1f}\n", "all", rr.requests, rr.prompt,
-             rr.cached, 100 * rr.ratio(), rr.mean());
+  fmt::print("{:<10} {:>8} {:>31} {:>11} {:>6.0f}% {:>6.0f} ms {:>6.0f} ms\n", "all", rr.requests,
+             rr.prompt, rr.cached, 100 * rr.ratio(), quantile(rr.ttft, 0.5),
+             quantile(rr.ttft, 0.9));
   fmt::print("\nllmgw served {:.0f}% of prompt tokens from cache against {:.0f}% round-robin; "
-             "mean latency {:.1f} ms against {:.1f} ms\n",
-             100 * all.ratio(), 100 * rr.ratio(), all.mean(), rr.mean());
+             "time to first token p50 {:.0f} ms against {:.0f} ms, p90 {:.0f} ms against {:.0f} "
+             "ms\n",
+             100 * all.ratio(), 100 * rr.ratio(), quantile(all.ttft, 0.5), quantile(rr.ttft, 0.5),
+             quantile(all.ttft, 0.9), quantile(rr.ttft, 0.9));
   s.requests = all.requests + rr.requests;
   s.failed = failed;
   s.gateway_cached_ratio = all.ratio();
   s.round_robin_cached_ratio = rr.ratio();
   s.gateway_mean_ms = all.mean();
   s.round_robin_mean_ms = rr.mean();
+  s.gateway_ttft_p90_ms = quantile(all.ttft, 0.9);
+  s.round_robin_ttft_p90_ms = quantile(rr.ttft, 0.9);
   s.kv_decisions = tiers_of(all, "kv");
   return s;
 }

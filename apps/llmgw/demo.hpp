@@ -1,8 +1,9 @@
 // The local cluster's demo traffic (llmgw up --demo): multi-turn chats over a
 // few shared system prompts, first through the gateway, then (after the
 // engines' prefix caches are reset) the same traffic round-robin straight to
-// the engines, for comparison. Prints a table per replica: requests,
-// decisions by tier, prompt and cached tokens, mean latency.
+// the engines, for comparison. Answers are streamed, so time to first token
+// is measured. Prints a table per replica: requests, decisions by tier,
+// prompt and cached tokens, time to first token.
 #pragma once
 
 #include <cstddef>
@@ -34,6 +35,8 @@ struct demo_summary {
   double round_robin_cached_ratio = 0; ///< the same, round-robin to the engines
   double gateway_mean_ms = 0;
   double round_robin_mean_ms = 0;
+  double gateway_ttft_p90_ms = 0; ///< time to first token, 90th percentile
+  double round_robin_ttft_p90_ms = 0;
   std::size_t kv_decisions = 0;
 };
 
