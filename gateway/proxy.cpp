@@ -139,7 +139,6 @@ private:
     decision_.tier = d.tier;
     decision_.dp_rank = d.dp_rank;
     decision_.predicted_cached_tokens = d.predicted_cached_tokens;
-    decision_.claimed = d.claimed;
     decision_.uncached_tokens = d.uncached_tokens;
     decision_.model_ms = d.model_ms;
     first_token_ = false;
@@ -311,24 +310,12 @@ private:
   void note_cache_accuracy() {
     if (decision_.tier != routing::route_tier::kv || !reported_cached_)
       return;
-    {
-      std::lock_guard<std::mutex> s(ctx_.stats->mtx);
-      auto& a = ctx_.stats->accuracy[decision_.replica];
-      ++a.answers;
-      a.predicted += decision_.predicted_cached_tokens;
-      a.reported += *reported_cached_;
-      a.shortfalls += *reported_cached_ < decision_.predicted_cached_tokens;
-    }
-    if (*reported_cached_ < decision_.predicted_cached_tokens && ctx_.topo->block_size > 0) {
-      // The engine lacked the claimed blocks from this one on: drop them
-      // now rather than send the next request after them too.
-      auto have = static_cast<std::size_t>(*reported_cached_ / ctx_.topo->block_size);
-      if (have < decision_.claimed.size()) {
-        std::vector<wire::block_key> missing(
-          decision_.claimed.begin() + static_cast<std::ptrdiff_t>(have), decision_.claimed.end());
-        ctx_.plane.shared_router->drop_claimed(decision_.replica, decision_.dp_rank, missing);
-      }
-    }
+    std::lock_guard<std::mutex> s(ctx_.stats->mtx);
+    auto& a = ctx_.stats->accuracy[decision_.replica];
+    ++a.answers;
+    a.predicted += decision_.predicted_cached_tokens;
+    a.reported += *reported_cached_;
+    a.shortfalls += *reported_cached_ < decision_.predicted_cached_tokens;
   }
 
   void finish_error(int status, const std::string& type, const std::string& message) {

@@ -134,26 +134,6 @@ void replica_index::speculate(holder_id h, const wire::block_key* keys, std::siz
   }
 }
 
-std::size_t replica_index::forget_blocks(holder_id h, const wire::block_key* keys,
-                                         std::size_t count) {
-  auto& info = holders_[h];
-  auto& spec = spec_[h];
-  std::size_t dropped = 0;
-  for (std::size_t i = 0; i < count; ++i) {
-    kv::block_ref b{keys[i], kv::medium::gpu};
-    if (!index_.remove(b.key, h, b.where))
-      continue;
-    ++dropped;
-    if (auto it = spec.find(b.key); it != spec.end()) {
-      spec.erase(it);
-      --info.speculative;
-    } else {
-      info.fingerprint -= fingerprint_of(b);
-    }
-  }
-  return dropped;
-}
-
 void replica_index::expire(std::chrono::steady_clock::time_point now) {
   while (!spec_order_.empty() && spec_order_.front().expires <= now) {
     auto s = spec_order_.front();

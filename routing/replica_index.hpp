@@ -95,10 +95,6 @@ public:
   void speculate(holder_id h, const wire::block_key* keys, std::size_t count,
                  std::chrono::steady_clock::time_point expires);
 
-  /// Deletes `h`'s GPU entries of `keys`, speculative or not, as a removal
-  /// would (the engine said it does not hold them); returns how many it had.
-  std::size_t forget_blocks(holder_id h, const wire::block_key* keys, std::size_t count);
-
   /// Deletes the speculative entries nothing confirmed by `now`.
   void expire(std::chrono::steady_clock::time_point now);
 

@@ -114,23 +114,6 @@ void router_core::estimate_costs(route_decision& d, std::uint64_t prompt, bool u
   }
 }
 
-std::size_t router_core::drop_claimed(const std::string& replica, std::int32_t dp_rank,
-                                      const std::vector<wire::block_key>& missing) {
-  std::optional<holder_id> h;
-  if (dp_rank >= 0) {
-    h = kv_.find(replica, static_cast<std::uint32_t>(dp_rank));
-  } else {
-    auto ranks = kv_.holders_of(replica);
-    if (ranks.size() == 1)
-      h = ranks[0];
-  }
-  if (!h || missing.empty())
-    return 0;
-  auto dropped = kv_.forget_blocks(*h, missing.data(), missing.size());
-  counters_.claimed_dropped += dropped;
-  return dropped;
-}
-
 void router_core::mark_down(const std::string& replica,
                             std::chrono::steady_clock::time_point until) {
   for (auto& r : replicas_)
@@ -276,10 +259,7 @@ route_decision router_core::decide(const route_query& q,
       d.dp_rank = s.dp_rank;
       // vLLM looks up at most prompt_tokens - 1 tokens, in whole blocks.
       auto most = q.prompt_tokens > 0 ? (q.prompt_tokens - 1) / block_size_ : 0;
-      auto claimed = std::min<std::uint64_t>(s.kv_blocks, most);
-      d.predicted_cached_tokens = claimed * block_size_;
-      if (!q.dry_run)
-        d.claimed.assign(q.keys.begin(), q.keys.begin() + static_cast<std::ptrdiff_t>(claimed));
+      d.predicted_cached_tokens = std::min<std::uint64_t>(s.kv_blocks, most) * block_size_;
     }
   } else {
     d.tier = route_tier::load;

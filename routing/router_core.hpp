@@ -100,10 +100,6 @@ struct route_decision {
   /// Tier kv: the prompt tokens the chosen rank should find cached, as vLLM
   /// counts them (whole blocks, never the prompt's last token); else 0.
   std::uint64_t predicted_cached_tokens = 0;
-  /// Tier kv: the prompt's leading block keys the index claimed for the
-  /// chosen rank (what predicted_cached_tokens counts), so that a shortfall
-  /// can drop the ones the engine did not have (router_core::drop_claimed).
-  std::vector<wire::block_key> claimed;
   std::uint64_t uncached_tokens = 0; ///< the chosen replica's prefill (for started/finished)
   double model_ms = 0;               ///< its estimated time to first token, before scaling
   double cost_ms = 0;                ///< and after
@@ -120,9 +116,6 @@ struct router_counters {
   /// Decisions where the candidate holding the most of the prompt lost on
   /// cost (its queue cost more than the prefill it would save).
   std::uint64_t load_overrides = 0;
-  /// Blocks dropped from the index because an engine reported not having
-  /// them (drop_claimed).
-  std::uint64_t claimed_dropped = 0;
 };
 
 /// What the gateway reports of a routed request, to keep each replica's load
@@ -157,13 +150,6 @@ public:
   /// A request finished (success or not); `started` if first_token() was
   /// called for it.
   void finished(const request_progress& p, bool started);
-
-  /// The engine behind `replica`'s rank `dp_rank` (-1: its only rank)
-  /// reported fewer cached prompt tokens than the index claimed: it does
-  /// not hold `missing` (the claimed keys from the first one it lacked), so
-  /// they are dropped from its entry at once. Returns how many were held.
-  std::size_t drop_claimed(const std::string& replica, std::int32_t dp_rank,
-                           const std::vector<wire::block_key>& missing);
 
   /// Marks `replica` down until `until` (it refused or failed a request).
   void mark_down(const std::string& replica, std::chrono::steady_clock::time_point until);

@@ -156,10 +156,6 @@ void append_router_metrics(wire::metrics_text& m, const router_core& core,
             "Decisions where the replica holding the most of the prompt cost more (its queue "
             "outweighed the prefill it would save).",
             static_cast<double>(c.load_overrides));
-  m.counter("llmgw_kv_claimed_blocks_dropped_total",
-            "Blocks the index claimed for a replica and dropped when its engine reported finding "
-            "fewer cached prompt tokens.",
-            static_cast<double>(c.claimed_dropped));
   m.histogram("llmgw_decision_seconds",
               "Time to decide, excluding tokenization: hashing the prompt and scoring.",
               stats.decision_seconds);

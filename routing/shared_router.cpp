@@ -54,12 +54,6 @@ void shared_router::finished(const request_progress& p, bool started) {
   core_.finished(p, started);
 }
 
-std::size_t shared_router::drop_claimed(const std::string& replica, std::int32_t dp_rank,
-                                        const std::vector<wire::block_key>& missing) {
-  std::lock_guard<std::mutex> g(mtx_);
-  return core_.drop_claimed(replica, dp_rank, missing);
-}
-
 void shared_router::mark_down(const std::string& replica, std::chrono::milliseconds how_long) {
   std::lock_guard<std::mutex> g(mtx_);
   core_.mark_down(replica, std::chrono::steady_clock::now() + how_long);

@@ -38,10 +38,6 @@ public:
   /// was called for it.
   void finished(const request_progress& p, bool started);
 
-  /// router_core::drop_claimed, holding the lock.
-  std::size_t drop_claimed(const std::string& replica, std::int32_t dp_rank,
-                           const std::vector<wire::block_key>& missing);
-
   /// Avoid `replica` for `how_long` (it refused or failed a request).
   void mark_down(const std::string& replica, std::chrono::milliseconds how_long);
 
