@@ -16,6 +16,7 @@
 // Each turn is sent when the previous answer has come back.
 #include "bench/bench.hpp"
 #include "net/http_client.hpp"
+#include "wire/openai_request.hpp"
 
 #include <boost/json.hpp>
 #include <fmt/format.h>
@@ -356,38 +357,6 @@ struct call_state {
   std::size_t engine = SIZE_MAX; ///< direct policies: the engine called
 };
 
-/// Content, prompt and cached tokens of a streamed chat answer.
-void parse_stream(const std::string& body, std::string& content, request_result& r) {
-  std::size_t pos = 0;
-  while ((pos = body.find("data: ", pos)) != std::string::npos) {
-    auto end = body.find("\n\n", pos);
-    if (end == std::string::npos)
-      break;
-    auto payload = body.substr(pos + 6, end - pos - 6);
-    pos = end + 2;
-    if (payload == "[DONE]")
-      continue;
-    boost::system::error_code ec;
-    auto v = json::parse(payload, ec);
-    if (ec || !v.is_object())
-      continue;
-    const auto& o = v.as_object();
-    if (const auto* ch = o.if_contains("choices"); ch && ch->is_array())
-      for (const auto& c : ch->as_array())
-        if (const auto* d = c.as_object().if_contains("delta"); d && d->is_object())
-          if (const auto* t = d->as_object().if_contains("content"); t && t->is_string())
-            content += std::string(t->as_string());
-    if (const auto* u = o.if_contains("usage"); u && u->is_object()) {
-      const auto& uo = u->as_object();
-      if (const auto* p = uo.if_contains("prompt_tokens"); p && p->is_int64())
-        r.prompt_tokens = static_cast<std::uint64_t>(p->as_int64());
-      if (const auto* d = uo.if_contains("prompt_tokens_details"); d && d->is_object())
-        if (const auto* c = d->as_object().if_contains("cached_tokens"); c && c->is_int64())
-          r.cached_tokens = static_cast<std::uint64_t>(c->as_int64());
-    }
-  }
-}
-
 /// Jump consistent hash (Lamping and Veach, 2014): a key to one of `n`
 /// buckets, moving few keys when n changes.
 std::size_t jump_hash(std::uint64_t key, std::size_t n) {
@@ -517,9 +486,11 @@ std::vector<request_result> run_workload(const std::vector<session_spec>& work, 
     r.replica = st->replica;
     r.burst = work[s].id.rfind("burst", 0) == 0;
     r.doc = work[s].doc;
-    std::string content;
-    parse_stream(st->body, content, r);
-    r.ok = st->status == 200 && r.prompt_tokens > 0;
+    auto answer = wire::read_streamed_answer(st->body);
+    r.prompt_tokens = answer.prompt_tokens;
+    r.cached_tokens = answer.cached_tokens;
+    auto content = std::move(answer.content);
+    r.ok = st->status == 200 && answer.has_usage;
     if (st->engine != SIZE_MAX)
       --in_flight[st->engine];
     results.push_back(r);

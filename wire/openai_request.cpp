@@ -245,4 +245,46 @@ std::string openai_error_json(const std::string& message, const std::string& typ
   return json::serialize(o);
 }
 
+streamed_answer read_streamed_answer(std::string_view sse) {
+  streamed_answer a;
+  std::size_t pos = 0;
+  while ((pos = sse.find("data: ", pos)) != std::string_view::npos) {
+    auto end = sse.find("\n\n", pos);
+    if (end == std::string_view::npos)
+      break;
+    auto payload = sse.substr(pos + 6, end - pos - 6);
+    pos = end + 2;
+    boost::system::error_code ec;
+    auto v = json::parse(payload, ec);
+    if (ec || !v.is_object())
+      continue;
+    const auto& o = v.as_object();
+    if (const auto* ch = o.if_contains("choices"); ch && ch->is_array())
+      for (const auto& c : ch->as_array()) {
+        if (!c.is_object())
+          continue;
+        const auto& co = c.as_object();
+        if (const auto* d = co.if_contains("delta"); d && d->is_object()) {
+          if (const auto* t = d->as_object().if_contains("content"); t && t->is_string())
+            a.content += std::string(t->as_string());
+        } else if (const auto* t = co.if_contains("text"); t && t->is_string()) {
+          a.content += std::string(t->as_string());
+        }
+      }
+    const auto* u = o.if_contains("usage");
+    if (!u || !u->is_object())
+      continue;
+    const auto& uo = u->as_object();
+    auto count = [](const json::value* x) {
+      return x && x->is_int64() && x->as_int64() >= 0 ? static_cast<std::uint64_t>(x->as_int64())
+                                                      : std::uint64_t{0};
+    };
+    a.has_usage = true;
+    a.prompt_tokens = count(uo.if_contains("prompt_tokens"));
+    if (const auto* d = uo.if_contains("prompt_tokens_details"); d && d->is_object())
+      a.cached_tokens = count(d->as_object().if_contains("cached_tokens"));
+  }
+  return a;
+}
+
 } // namespace llmgw::wire

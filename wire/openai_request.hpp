@@ -64,6 +64,20 @@ result<std::vector<std::uint32_t>> parse_tokenize_response(std::string_view body
 /// search, not a parse: the proxy reads it from bytes it relays anyway.
 std::optional<std::uint64_t> find_cached_tokens(std::string_view text);
 
+/// What a client reads from a streamed chat or completion answer (a body of
+/// server-sent events): the text of every delta or choice, and the usage of
+/// the final event when the stream carried one (stream_options.include_usage).
+struct streamed_answer {
+  std::string content;
+  bool has_usage = false;
+  std::uint64_t prompt_tokens = 0;
+  std::uint64_t cached_tokens = 0; ///< usage.prompt_tokens_details.cached_tokens
+};
+
+/// Reads every complete `data:` event of `sse`; events that are not JSON
+/// objects ([DONE]) are skipped.
+streamed_answer read_streamed_answer(std::string_view sse);
+
 /// An OpenAI-style error body: {"error": {"message", "type", "code"}}.
 std::string openai_error_json(const std::string& message, const std::string& type, int code);
 

@@ -1,6 +1,7 @@
 #include "apps/llmgw/demo.hpp"
 
 #include "net/http_client.hpp"
+#include "wire/openai_request.hpp"
 
 #include <boost/json.hpp>
 #include <fmt/format.h>
@@ -45,37 +46,6 @@ struct one_answer {
   std::string error;
 };
 
-/// The content and usage of a streamed chat answer (server-sent events).
-bool read_stream(const std::string& text, one_answer& a) {
-  bool usage = false;
-  std::size_t pos = 0;
-  while ((pos = text.find("data: ", pos)) != std::string::npos) {
-    auto end = text.find("\n\n", pos);
-    if (end == std::string::npos)
-      break;
-    auto payload = text.substr(pos + 6, end - pos - 6);
-    pos = end + 2;
-    boost::system::error_code ec;
-    auto v = json::parse(payload, ec);
-    if (ec || !v.is_object())
-      continue; // [DONE]
-    const auto& o = v.as_object();
-    if (const auto* ch = o.if_contains("choices"); ch && ch->is_array())
-      for (const auto& c : ch->as_array())
-        if (const auto* d = c.as_object().if_contains("delta"); d && d->is_object())
-          if (const auto* t = d->as_object().if_contains("content"); t && t->is_string())
-            a.content += std::string(t->as_string());
-    if (const auto* u = o.if_contains("usage"); u && u->is_object()) {
-      const auto& uo = u->as_object();
-      a.prompt_tokens = uo.at("prompt_tokens").to_number<std::int64_t>();
-      if (const auto* d = uo.if_contains("prompt_tokens_details"); d && d->is_object())
-        a.cached_tokens = d->at("cached_tokens").to_number<std::int64_t>();
-      usage = true;
-    }
-  }
-  return usage;
-}
-
 one_answer chat(http_client& http, const std::string& base, json::object body) {
   one_answer a;
   std::promise<void> done;
@@ -118,10 +88,14 @@ one_answer chat(http_client& http, const std::string& base, json::object body) {
       a.error = fmt::format("HTTP {}: {}", status, text.substr(0, 200));
     return a;
   }
-  if (!read_stream(text, a)) {
+  auto answer = wire::read_streamed_answer(text);
+  if (!answer.has_usage) {
     a.error = "no usage in the stream: " + text.substr(0, 200);
     return a;
   }
+  a.content = std::move(answer.content);
+  a.prompt_tokens = static_cast<std::int64_t>(answer.prompt_tokens);
+  a.cached_tokens = static_cast<std::int64_t>(answer.cached_tokens);
   a.ttft_ms = first ? std::chrono::duration<double, std::milli>(*first - start).count() : a.ms;
   a.ok = true;
   return a;

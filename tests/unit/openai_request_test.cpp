@@ -161,3 +161,26 @@ TEST(openai_answer, cached_tokens_are_found_in_a_body_or_a_usage_event) {
   // Text the model wrote is escaped inside its string: never taken for the key.
   EXPECT_EQ(find_cached_tokens(R"({"text":"\"cached_tokens\": 5"})"), std::nullopt);
 }
+
+TEST(openai_request, a_streamed_answer_gives_its_text_and_usage) {
+  auto chat = read_streamed_answer(
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n"
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\" Hello\"}}]}\n\n"
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\" there\"}}]}\n\n"
+    "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":40,\"completion_tokens\":2,"
+    "\"prompt_tokens_details\":{\"cached_tokens\":32}}}\n\n"
+    "data: [DONE]\n\n");
+  EXPECT_EQ(chat.content, " Hello there");
+  EXPECT_TRUE(chat.has_usage);
+  EXPECT_EQ(chat.prompt_tokens, 40u);
+  EXPECT_EQ(chat.cached_tokens, 32u);
+  auto completion = read_streamed_answer("data: {\"choices\":[{\"text\":\"a\"}]}\n\n"
+                                         "data: {\"choices\":[{\"text\":\"b\"}]}\n\n"
+                                         "data: {\"choices\":[{\"text\":\"c\"");
+  EXPECT_EQ(completion.content, "ab") << "an unfinished event is not read";
+  EXPECT_FALSE(completion.has_usage) << "no include_usage: no usage event";
+  auto hostile = read_streamed_answer(
+    "data: {\"choices\":[1,{\"delta\":7}],\"usage\":{\"prompt_tokens\":-5}}\n\n");
+  EXPECT_EQ(hostile.content, "");
+  EXPECT_EQ(hostile.prompt_tokens, 0u) << "a negative count reads as none";
+}
