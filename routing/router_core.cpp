@@ -88,14 +88,14 @@ void router_core::finished(const request_progress& p, bool started) {
   }
 }
 
-void router_core::estimate_costs(route_decision& d, std::uint64_t prompt, bool use_kv) const {
+void router_core::estimate_costs(route_decision& d, std::uint64_t prompt) const {
   auto most_blocks = prompt > 0 ? (prompt - 1) / block_size_ : 0;
   auto budget = static_cast<double>(std::max<std::size_t>(settings_.max_batched_tokens, 1));
   for (std::size_t c = 0; c < d.scores.size(); ++c) {
     auto& s = d.scores[c];
     const auto& r = replicas_[candidates_[c]];
     double cached = 0;
-    if (use_kv && s.trusted && !(s.partial && s.approx > s.kv))
+    if (s.by_kv)
       cached = std::min(s.kv * d.prompt_blocks, static_cast<double>(most_blocks))
                * static_cast<double>(block_size_);
     else
@@ -205,19 +205,18 @@ route_decision router_core::decide(const route_query& q,
     for (std::size_t c = 0; c < scores.size(); ++c)
       scores[c].approx = static_cast<double>(matched_[c]) / static_cast<double>(q.chunks.size());
   }
-  // Whether tier 2 scores `s`: a partial state only where it knows more
-  // than tier 1 does.
-  auto by_kv = [&](const replica_score& s) {
-    return any_kv && s.trusted && !(s.partial && s.approx > s.kv);
-  };
-  auto score_of = [&](const replica_score& s) { return by_kv(s) ? s.kv : s.approx; };
+  // Whether tier 2 scores a candidate: a partial state only where it knows
+  // more than tier 1 does.
+  for (auto& s : scores)
+    s.by_kv = any_kv && s.trusted && !(s.partial && s.approx > s.kv);
+  auto score_of = [](const replica_score& s) { return s.by_kv ? s.kv : s.approx; };
   // The prompt's length in tokens; untokenized, about 4 bytes a token.
   std::uint64_t prompt = q.tokenized && q.prompt_tokens > 0
                            ? q.prompt_tokens
                            : q.chunks.size() * settings_.tier1_chunk_bytes / 4;
   if (q.tokenized && q.prompt_tokens == 0)
     prompt = q.keys.size() * block_size_;
-  estimate_costs(d, prompt, any_kv);
+  estimate_costs(d, prompt);
   // The least cost wins. Near-ties go to the one holding more of the prompt
   // (less work for the fleet), then to the least loaded, then in turn.
   double least = scores[0].cost_ms;
@@ -253,7 +252,7 @@ route_decision router_core::decide(const route_query& q,
   for (const auto& x : scores)
     most_cached = std::max(most_cached, x.cached_tokens);
   if (s.cached_tokens > 0 && score_of(s) > 0) {
-    d.tier = by_kv(s) ? route_tier::kv : route_tier::approx;
+    d.tier = s.by_kv ? route_tier::kv : route_tier::approx;
     d.score = score_of(s);
     if (d.tier == route_tier::kv) {
       d.dp_rank = s.dp_rank;

@@ -70,6 +70,7 @@ struct replica_score {
   std::uint32_t kv_blocks = 0;   ///< leading blocks held (best rank)
   std::int32_t dp_rank = -1;     ///< the rank holding them, -1 if none
   double approx = 0;             ///< tier-1 score, 0..1
+  bool by_kv = false;            ///< scored by tier 2 (else by tier 1)
   std::uint32_t outstanding = 0; ///< requests in flight
   bool down = false;             ///< marked down after failures
   // The cost and its parts:
@@ -187,7 +188,7 @@ private:
   void refresh_holders();
   replica_entry* find(const std::string& replica);
   /// Fills each score's cost and its parts; `prompt` in tokens.
-  void estimate_costs(route_decision& d, std::uint64_t prompt, bool use_kv) const;
+  void estimate_costs(route_decision& d, std::uint64_t prompt) const;
 
   config::router_settings settings_;
   std::size_t block_size_;

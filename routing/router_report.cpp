@@ -129,6 +129,7 @@ std::string decision_json(const route_decision& d) {
     if (s.dp_rank >= 0)
       x["dp_rank"] = s.dp_rank;
     x["approx"] = s.approx;
+    x["scored_by"] = s.by_kv ? "kv" : "approx";
     x["outstanding"] = s.outstanding;
     x["down"] = s.down;
     x["cost_ms"] = s.cost_ms;
