@@ -22,7 +22,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <condition_variable>
 #include <csignal>
@@ -385,7 +384,7 @@ std::vector<request_result> run_workload(const std::vector<session_spec>& work, 
   std::condition_variable cv;
   std::deque<std::shared_ptr<call_state>> done;
   std::vector<std::size_t> in_flight(c.engines.size(), 0);
-  std::size_t rr = 0, gateway_turn = 0, outstanding = 0;
+  std::size_t rr = 0, gateway_turn = 0;
   bool restarted = sc.restart_at_s < 0;
   auto start = clock_type::now();
   auto seconds = [&](clock_type::time_point t) {
@@ -447,7 +446,6 @@ std::vector<request_result> run_workload(const std::vector<session_spec>& work, 
       done.push_back(st);
       cv.notify_all();
     };
-    ++outstanding;
     return std::make_tuple(base, json::serialize(body), std::move(h));
   };
   std::size_t finished_sessions = 0;
@@ -475,7 +473,6 @@ std::vector<request_result> run_workload(const std::vector<session_spec>& work, 
     }
     auto st = done.front();
     done.pop_front();
-    --outstanding;
     auto s = st->session;
     request_result r;
     r.sent_s = seconds(st->sent);
