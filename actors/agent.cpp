@@ -2,6 +2,7 @@
 
 #include "actors/control_connector.hpp"
 #include "actors/engine_supervisor.hpp"
+#include "actors/load_scraper.hpp"
 #include "actors/mirror.hpp"
 #include "actors/subscriber.hpp"
 #include "base/log.hpp"
@@ -210,6 +211,17 @@ agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg) {
         caf::actor_cast<caf::actor>(sys.spawn(engine_supervisor, so, mirrors[0])));
     }
   }
+  load_scraper_options scrape;
+  scrape.interval = cfg.flush_interval;
+  std::vector<std::string> scraped;
+  for (const auto& e : cfg.engines)
+    if (!e.url.empty()) {
+      scrape.engines.push_back({e.replica, e.url});
+      scraped.push_back(e.replica);
+    }
+  out.loads = std::make_shared<engine_loads>(std::move(scraped));
+  if (!scrape.engines.empty())
+    out.actors.push_back(caf::actor_cast<caf::actor>(sys.spawn(load_scraper, scrape, out.loads)));
   for (const auto& c : cfg.controls) {
     forwarder_options fo;
     fo.node = cfg.node;
@@ -219,6 +231,10 @@ agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg) {
     fo.identity = cfg.identity;
     fo.control_fingerprints = c.fingerprints;
     fo.counters = std::make_shared<forwarder_counters>();
+    fo.loads = out.loads;
+    // Scrapes come every flush interval: a reading several intervals old
+    // means the engine stopped answering, and is not sent.
+    fo.load_max_age = std::max(std::chrono::milliseconds(1000), 4 * cfg.flush_interval);
     out.forwarders.emplace_back(c.name, fo.counters);
     auto f = sys.spawn(forwarder, fo, out.mirrors,
                        middleman_connector(c.host, c.port, cfg.connect_timeout));
@@ -262,6 +278,14 @@ void append_agent_metrics(wire::metrics_text& m, const agent_handles& handles) {
               "Events of a type llmgw does not know, skipped (the batch's others apply).",
               static_cast<double>(s.stats->unknown_events.load()), who);
   }
+  if (handles.loads)
+    for (const auto& c : handles.loads->totals())
+      for (std::size_t o = 0; o < scrape_outcome_count; ++o)
+        m.counter("llmgw_agent_engine_scrapes_total",
+                  "Reads of an engine's /metrics for its load, by outcome: ok, connect (no "
+                  "answer), status (not 200), parse (not vLLM's gauges), too_large.",
+                  static_cast<double>(c.by_outcome[o]),
+                  {{"replica", c.replica}, {"outcome", to_string(static_cast<scrape_outcome>(o))}});
   for (const auto& [control, c] : handles.forwarders) {
     wire::metric_labels to{{"control", control}};
     m.gauge("llmgw_agent_session_up", "1 while a session with the control node is established.",
@@ -270,6 +294,9 @@ void append_agent_metrics(wire::metrics_text& m, const agent_handles& handles) {
               static_cast<double>(c->sessions.load()), to);
     m.counter("llmgw_agent_updates_sent_total", "Replica updates sent to the control node.",
               static_cast<double>(c->updates_sent.load()), to);
+    m.counter("llmgw_agent_load_reports_sent_total",
+              "Reports of the engines' loads sent to the control node.",
+              static_cast<double>(c->load_reports_sent.load()), to);
     for (auto [reason, n] :
          {std::pair{"refused", c->sessions_refused.load()}, {"unproven", c->proofs_refused.load()}})
       m.counter("llmgw_agent_sessions_ended_total",

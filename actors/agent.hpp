@@ -4,6 +4,8 @@
 // without a launch command are attached: already running, configured by the
 // operator to publish to the port given here. If a subscriber cannot bind,
 // the engine runs without events and is routed by tier 1 (logged, not fatal).
+// A load scraper reads every engine's /metrics each flush interval; the
+// forwarders send those loads with the KV changes (actors/load_scraper.hpp).
 #pragma once
 
 #include "actors/forwarder.hpp"
@@ -61,6 +63,8 @@ struct agent_handles {
   /// The private folder (mode 0700) of launched engines' ipc sockets, or "".
   std::string runtime_dir;
   std::vector<agent_subscriber> subscribers;
+  /// The engines' loads, as the scraper last read them.
+  std::shared_ptr<engine_loads> loads;
   /// Each forwarder's counters, by control node.
   std::vector<std::pair<std::string, std::shared_ptr<forwarder_counters>>> forwarders;
 };

@@ -72,6 +72,105 @@ void handle_update(self_ptr self, const control_state::session& s, const replica
   self->send(s.forwarder, session_ack{u.session, u.seq});
 }
 
+/// Where a message of an agent session belongs, once its sender, MAC and
+/// seq checked out: the node's accepted session, or the attempt being
+/// checked; neither when it was refused (counted, logged, and the sender
+/// told when it names a session this node does not know).
+struct origin {
+  control_state::session* s = nullptr;
+  control_state::attempt* a = nullptr;
+};
+
+template <class Message, class MacFunction>
+origin check_origin(self_ptr self, const Message& m, const std::string& what, MacFunction mac) {
+  auto& st = self->state;
+  auto sender = self->current_sender();
+  auto from = [&](const forwarder_actor& f) {
+    return sender && sender->get()->address() == f.address();
+  };
+  auto tell = [&](const std::string& why) {
+    // Whoever sent it must start a new session to be heard again.
+    if (sender)
+      self->send(caf::actor_cast<forwarder_actor>(sender), refused_atom::value, m.session, why);
+  };
+  auto it = st.sessions.find(m.node);
+  if (it != st.sessions.end() && it->second.id == m.session) {
+    auto& s = it->second;
+    if (!from(s.forwarder)) { // someone else speaks for this node: no ack on its behalf
+      refuse(self, m.node, "impostor", what, "sent by an actor that is not the node's forwarder");
+      return {};
+    }
+    if (!config::same_mac(m.mac, mac(s.key, m))) {
+      refuse(self, m.node, "mac", what, "the MAC does not match the session key");
+      return {};
+    }
+    if (m.seq <= s.last_seq) { // a relay passing a genuine message on twice
+      refuse(self, m.node, "replay", what, "seq " + std::to_string(m.seq) + " came before");
+      return {};
+    }
+    s.last_seq = m.seq;
+    return {&s, nullptr};
+  }
+  auto at = st.attempts.find(m.session);
+  if (at != st.attempts.end() && at->second.node == m.node && from(at->second.forwarder)) {
+    auto& a = at->second;
+    if (a.key.empty()) {
+      refuse(self, m.node, "not_proven", what, "sent before the session's handshake finished");
+      return {};
+    }
+    if (!config::same_mac(m.mac, mac(a.key, m))) {
+      refuse(self, m.node, "mac", what, "the MAC does not match the session key");
+      return {};
+    }
+    if (m.seq <= a.last_seq) {
+      refuse(self, m.node, "replay", what, "seq " + std::to_string(m.seq) + " came before");
+      return {};
+    }
+    a.last_seq = m.seq;
+    return {nullptr, &a};
+  }
+  if (it == st.sessions.end()) {
+    refuse(self, m.node, "no_session", what, "the node has no session");
+    tell("this control node knows no session of node '" + log::printable(m.node) + "'");
+  } else {
+    refuse(self, m.node, "old_session", what, "not the node's current session");
+    tell("session " + std::to_string(m.session) + " is not node '" + log::printable(m.node)
+         + "''s current session");
+  }
+  return {};
+}
+
+/// Checks the loads of an accepted session and passes them on: all or
+/// nothing, so a node naming a replica it does not own gets none through.
+void handle_loads(self_ptr self, const control_state::session& s, const load_report& r) {
+  auto& st = self->state;
+  const auto* n = st.opts.topo->find_node(r.node);
+  std::string bad;
+  std::string replica = "(engine loads)";
+  for (const auto& l : r.loads) {
+    const auto* owner = st.opts.topo->owner_of(l.replica);
+    if (!owner || owner->name != r.node) {
+      replica = l.replica;
+      bad = "not_owner";
+      break;
+    }
+  }
+  if (!bad.empty())
+    refuse(self, r.node, bad, replica,
+           "a load report names it, and it is not the node's: nothing of the report is used");
+  else if (n && r.loads.size() > n->engines.size())
+    refuse(self, r.node, "malformed", replica,
+           std::to_string(r.loads.size()) + " loads for " + std::to_string(n->engines.size())
+             + " engines");
+  else if (auto why = out_of_range_fields(r); !why.empty())
+    refuse(self, r.node, "malformed", replica, why);
+  else {
+    ++st.load_reports_passed;
+    self->send(st.router, r);
+  }
+  self->send(s.forwarder, session_ack{r.session, r.seq});
+}
+
 void refuse_session(self_ptr self, const std::string& node, const std::string& reason,
                     std::uint64_t session, const forwarder_actor& fwd, const std::string& detail) {
   auto& st = self->state;
@@ -305,60 +404,26 @@ control_actor::behavior_type control(control_actor::stateful_pointer<control_sta
     },
     [self](const replica_update& u) {
       auto& st = self->state;
-      auto sender = self->current_sender();
-      auto from = [&](const forwarder_actor& f) {
-        return sender && sender->get()->address() == f.address();
-      };
-      auto tell = [&](const std::string& why) {
-        // Whoever sent it must start a new session to be heard again.
-        if (sender)
-          self->send(caf::actor_cast<forwarder_actor>(sender), refused_atom::value, u.session, why);
-      };
-      auto it = st.sessions.find(u.node);
-      if (it != st.sessions.end() && it->second.id == u.session) {
-        auto& s = it->second;
-        if (!from(s.forwarder)) // someone else speaks for this node: no ack on its behalf
-          return refuse(self, u.node, "impostor", u.replica,
-                        "sent by an actor that is not the node's forwarder");
-        if (!config::same_mac(u.mac, update_mac(s.key, u)))
-          return refuse(self, u.node, "mac", u.replica,
-                        "the update's MAC does not match the session key");
-        if (u.seq <= s.last_seq) // a relay passing a genuine update on twice
-          return refuse(self, u.node, "replay", u.replica,
-                        "seq " + std::to_string(u.seq) + " came before");
-        s.last_seq = u.seq;
-        return handle_update(self, s, u);
-      }
-      auto at = st.attempts.find(u.session);
-      if (at != st.attempts.end() && at->second.node == u.node && from(at->second.forwarder)) {
-        auto& a = at->second;
-        if (a.key.empty())
-          return refuse(self, u.node, "not_proven", u.replica,
-                        "sent before the session's handshake finished");
-        if (!config::same_mac(u.mac, update_mac(a.key, u)))
-          return refuse(self, u.node, "mac", u.replica,
-                        "the update's MAC does not match the session key");
-        if (u.seq <= a.last_seq)
-          return refuse(self, u.node, "replay", u.replica,
-                        "seq " + std::to_string(u.seq) + " came before");
-        a.last_seq = u.seq;
-        if (a.pending.size() >= st.opts.pending_limit) {
-          refuse(self, u.node, "pending_full", u.replica,
-                 "too many updates while the session is being checked");
-          self->send(a.forwarder, session_ack{u.session, u.seq});
-          return;
-        }
-        a.pending.push_back(u);
+      auto from = check_origin(self, u, u.replica, update_mac);
+      if (from.s)
+        return handle_update(self, *from.s, u);
+      if (!from.a)
+        return;
+      auto& a = *from.a;
+      if (a.pending.size() >= st.opts.pending_limit) {
+        refuse(self, u.node, "pending_full", u.replica,
+               "too many updates while the session is being checked");
+        self->send(a.forwarder, session_ack{u.session, u.seq});
         return;
       }
-      if (it == st.sessions.end()) {
-        refuse(self, u.node, "no_session", u.replica, "the node has no session");
-        tell("this control node knows no session of node '" + log::printable(u.node) + "'");
-      } else {
-        refuse(self, u.node, "old_session", u.replica, "not the node's current session");
-        tell("session " + std::to_string(u.session) + " is not node '" + log::printable(u.node)
-             + "''s current session");
-      }
+      a.pending.push_back(u);
+    },
+    [self](const load_report& r) {
+      auto from = check_origin(self, r, "(engine loads)", load_report_mac);
+      if (from.s)
+        return handle_loads(self, *from.s, r);
+      if (from.a) // loads go stale in a second: the next report after acceptance will do
+        self->send(from.a->forwarder, session_ack{r.session, r.seq});
     },
     [self](metrics_atom) -> caf::result<std::string> {
       auto sender = self->current_sender();

@@ -25,6 +25,10 @@
 // - When an agent's forwarder goes down (its node died or was cut off), that
 //   node's replicas are dropped at once: tier 1 routes them until a new
 //   session sends full copies.
+// - A load report (the agent's engines' own gauges) is checked like an
+//   update, and refused whole if it names a replica the node does not own
+//   or a value out of range; while the session is being checked, reports
+//   are acknowledged and dropped (the next one comes within a second).
 #pragma once
 
 #include "actors/interfaces.hpp"
@@ -83,6 +87,7 @@ struct control_state {
   std::map<std::string, std::uint64_t> sessions_refused;                ///< by reason
   std::uint64_t sessions_started = 0;
   std::uint64_t updates_passed = 0;
+  std::uint64_t load_reports_passed = 0;
   burst_log refusal_log; ///< refusals are logged once per burst
   static inline const char* name = "control";
 

@@ -52,6 +52,42 @@ void send_update(self_ptr self, replica_update u) {
   self->send(st.control, std::move(u));
 }
 
+/// Sends the engines' loads if they changed since the last report of this
+/// session, or the last is a heartbeat old.
+void send_loads(self_ptr self) {
+  auto& st = self->state;
+  if (!st.opts.loads || !st.window.has_room())
+    return;
+  auto now = std::chrono::steady_clock::now();
+  auto loads = st.opts.loads->fresh(now, st.opts.load_max_age);
+  auto unchanged = [&] {
+    if (!st.loads_sent || st.loads_sent->size() != loads.size())
+      return false;
+    for (std::size_t i = 0; i < loads.size(); ++i) {
+      const auto& a = loads[i];
+      const auto& b = (*st.loads_sent)[i];
+      if (a.replica != b.replica || a.running != b.running || a.waiting != b.waiting
+          || a.kv_usage_permille != b.kv_usage_permille)
+        return false;
+    }
+    return true;
+  };
+  if (unchanged() && now - st.loads_sent_at < st.opts.load_heartbeat)
+    return;
+  if (loads.empty() && st.loads_sent && st.loads_sent->empty())
+    return; // nothing to say, said already
+  load_report r;
+  r.node = st.opts.node;
+  r.session = st.window.session();
+  r.seq = st.window.next();
+  r.loads = loads;
+  r.mac = load_report_mac(st.key, r);
+  st.loads_sent = std::move(loads);
+  st.loads_sent_at = now;
+  ++st.counts->load_reports_sent;
+  self->send(st.control, std::move(r));
+}
+
 /// Schedules the next connection attempt, unless one is scheduled already:
 /// one chain of attempts at a time.
 void schedule_connect(self_ptr self) {
@@ -111,6 +147,7 @@ void start_session(self_ptr self, control_actor control) {
   auto session = new_session_id();
   st.window.start(session);
   st.key.clear();
+  st.loads_sent.reset();
   st.counts->connected = false;
   ++st.counts->sessions;
   agent_hello hello{st.opts.node, session, {}, share->nonce(), share->public_key()};
@@ -235,6 +272,7 @@ forwarder_actor::behavior_type forwarder(forwarder_actor::stateful_pointer<forwa
         ++st.counts->flushes_skipped; // the changes wait in the mirrors, bounded by their tables
         return;
       }
+      send_loads(self);
       auto session = st.window.session();
       for (const auto& m : st.mirrors)
         self->request(m.mirror, caf::infinite, drain_atom::value, st.peer)

@@ -14,6 +14,7 @@
 #pragma once
 
 #include "actors/interfaces.hpp"
+#include "actors/load_scraper.hpp"
 #include "config/node_identity.hpp"
 #include "config/topology.hpp"
 #include "kv/session_window.hpp"
@@ -32,6 +33,7 @@ namespace llmgw {
 struct forwarder_counters {
   std::atomic<std::uint64_t> sessions{0}; ///< sessions started (hellos sent)
   std::atomic<std::uint64_t> updates_sent{0};
+  std::atomic<std::uint64_t> load_reports_sent{0};
   std::atomic<std::uint64_t> flushes_skipped{0};  ///< flushes that found the window full
   std::atomic<std::uint64_t> sessions_refused{0}; ///< sessions the control node refused
   std::atomic<std::uint64_t> proofs_refused{0};   ///< control nodes that failed to prove their name
@@ -55,6 +57,12 @@ struct forwarder_options {
   std::vector<std::string> control_fingerprints;
   /// Where it counts (made if null).
   std::shared_ptr<forwarder_counters> counters;
+  /// The node's engines' loads (null: none are sent). Readings up to
+  /// `load_max_age` old are sent when they change, and at least every
+  /// `load_heartbeat`, so the router can tell a quiet engine from a lost one.
+  std::shared_ptr<const engine_loads> loads;
+  std::chrono::milliseconds load_max_age{1000};
+  std::chrono::milliseconds load_heartbeat{1000};
 };
 
 /// A replica's mirror, by the replica id of the topology.
@@ -85,6 +93,9 @@ struct forwarder_state {
   std::string key;
   bool connect_scheduled = false; ///< a connect_atom is on its way
   bool connecting = false;        ///< an attempt is in flight
+  /// The loads last sent in this session (ages zeroed), and when.
+  std::optional<std::vector<engine_load>> loads_sent;
+  std::chrono::steady_clock::time_point loads_sent_at{};
   static inline const char* name = "forwarder";
 };
 

@@ -72,6 +72,11 @@ using engine_supervisor_actor = caf::typed_actor<
   // The engine's pid (0 while not running) and how often it was started.
   caf::replies_to<status_atom>::with<std::int64_t, std::uint64_t>>;
 
+/// Reads an agent's engines' /metrics into its engine_loads table.
+using load_scraper_actor = caf::typed_actor<
+  // Timer: read every engine's gauges (one call per engine at a time).
+  caf::reacts_to<poll_atom>>;
+
 /// The control node's side of agent sessions.
 using control_actor = caf::typed_actor<
   // A session starts: who the agent says it is, and where to answer.
@@ -82,6 +87,8 @@ using control_actor = caf::typed_actor<
   caf::reacts_to<timeout_atom, std::uint64_t>,
   // The net change of one replica, within a session.
   caf::reacts_to<replica_update>,
+  // The loads of the node's engines, within a session.
+  caf::reacts_to<load_report>,
   // Prometheus text of the control actor's counters.
   caf::replies_to<metrics_atom>::with<std::string>>;
 
@@ -89,7 +96,9 @@ using control_actor = caf::typed_actor<
 using router_actor = caf::typed_actor<
   // An agent's net change for one replica rank, checked by the control actor.
   caf::reacts_to<replica_update>,
-  // Forget a replica's KV state.
+  // An agent's engines' loads, checked by the control actor.
+  caf::reacts_to<load_report>,
+  // Forget a replica's KV state and its engine's load.
   // Decisions are not asked of the router: the node's gateways decide on
   // their own threads against the shared routing::shared_router, and read
   // its metrics and /v1/kv/replicas from it.

@@ -53,8 +53,17 @@ router_actor::behavior_type router(router_actor::stateful_pointer<router_state> 
         apply_update(core, stats, u, std::chrono::steady_clock::now());
       });
     },
+    [&lr](const load_report& r) {
+      auto now = std::chrono::steady_clock::now();
+      lr.with([&](routing::router_core& core, routing::router_stats&) {
+        for (const auto& l : r.loads)
+          core.engine_load(l.replica, l.running, l.waiting, l.kv_usage_permille,
+                           now - std::chrono::milliseconds(l.age_ms));
+      });
+    },
     [&lr](drop_atom, const std::string& replica, routing::drop_reason reason) {
       lr.with([&](routing::router_core& core, routing::router_stats& stats) {
+        core.forget_engine_load(replica);
         auto& kv = core.kv();
         bool had = false;
         for (auto h : kv.holders_of(replica))

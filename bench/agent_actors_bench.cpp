@@ -47,6 +47,9 @@ control_actor::behavior_type counting_control(control_actor::pointer self,
       ++*updates;
       self->send(*fwd, session_ack{u.session, u.seq});
     },
+    [self, fwd](const load_report& r) {
+      self->send(*fwd, session_ack{r.session, r.seq});
+    },
     [](metrics_atom) { return std::string{}; },
   };
 }

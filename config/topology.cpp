@@ -453,8 +453,9 @@ void read_router(checker& c, const toml::value& doc, router_settings& r) {
   c.only_keys(*rt, "[router]",
               {"cpu_weight", "storage_weight", "tie_margin", "prefill_ms_per_token", "step_ms",
                "decode_ms_per_request", "max_batched_tokens", "hot_spot_threshold",
-               "speculative_ttl_ms", "tier1_chunk_bytes", "tier1_capacity", "tier1_ttl_s",
-               "tokenize_timeout_ms", "tokenize_cache_entries", "tokenize_cache_mib"});
+               "speculative_ttl_ms", "engine_load_max_age_ms", "tier1_chunk_bytes",
+               "tier1_capacity", "tier1_ttl_s", "tokenize_timeout_ms", "tokenize_cache_entries",
+               "tokenize_cache_mib"});
   c.read_fraction(*rt, "router", "cpu_weight", r.cpu_weight);
   c.read_fraction(*rt, "router", "storage_weight", r.storage_weight);
   c.read_fraction(*rt, "router", "tie_margin", r.tie_margin);
@@ -472,6 +473,7 @@ void read_router(checker& c, const toml::value& doc, router_settings& r) {
     r.tier1_ttl = std::chrono::seconds(ttl);
   c.read_ms(*rt, "router", "tokenize_timeout_ms", 10, 60000, r.tokenize_timeout);
   c.read_ms(*rt, "router", "speculative_ttl_ms", 0, 600000, r.speculative_ttl);
+  c.read_ms(*rt, "router", "engine_load_max_age_ms", 0, 60000, r.engine_load_max_age);
   c.read_number(*rt, "router", "tokenize_cache_entries", 0, 10000000, r.tokenize_cache_entries);
   c.read_number(*rt, "router", "tokenize_cache_mib", 0, 1048576, r.tokenize_cache_mib);
 }

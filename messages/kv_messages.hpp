@@ -121,6 +121,50 @@ std::string out_of_range_fields(const replica_update& u);
 /// fixed byte form: what the forwarder sets and the control node checks.
 std::string update_mac(std::string_view key, const replica_update& u);
 
+/// One engine's load, as the agent last read it from the engine's /metrics
+/// (wire::engine_gauges: vLLM's gauges, summed over its ranks).
+struct engine_load {
+  std::string replica;
+  std::uint32_t running = 0;
+  std::uint32_t waiting = 0;
+  std::int32_t kv_usage_permille = -1; ///< KV cache in use, 0..1000; -1: not reported
+  std::uint32_t age_ms = 0;            ///< how old the reading was when sent
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, engine_load& x) {
+  return f(caf::meta::type_name("engine_load"), x.replica, x.running, x.waiting,
+           x.kv_usage_permille, x.age_ms);
+}
+
+/// The loads of an agent's engines, within a session: numbered and MACed
+/// like replica_update (one seq space, one window), sent when they change
+/// and at least every second. An engine whose /metrics could not be read
+/// lately is left out, and its last load ages out at the router.
+struct load_report {
+  std::string node;
+  std::uint64_t session = 0;
+  std::uint64_t seq = 0;
+  std::vector<engine_load> loads;
+  std::string mac; ///< load_report_mac() under the session key
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, load_report& x) {
+  return f(caf::meta::type_name("load_report"), x.node, x.session, x.seq, x.loads, x.mac);
+}
+
+/// The longest age of a load reading the control node takes, in ms.
+inline constexpr std::uint32_t max_load_age_ms = 60000;
+
+/// What in `r` is out of range (a count over wire::max_engine_requests, a
+/// usage outside -1..1000, an age over max_load_age_ms, a replica named
+/// twice), or "".
+std::string out_of_range_fields(const load_report& r);
+
+/// HMAC-SHA256 of every field of `r` but its mac, as update_mac() does.
+std::string load_report_mac(std::string_view key, const load_report& r);
+
 /// The control node has applied every update of `session` up to `seq`.
 struct session_ack {
   std::uint64_t session = 0;

@@ -51,4 +51,22 @@ std::string update_mac(std::string_view key, const replica_update& u) {
   return config::session_mac(key, bytes);
 }
 
+std::string load_report_mac(std::string_view key, const load_report& r) {
+  std::string bytes;
+  bytes.reserve(64 + r.node.size() + 48 * r.loads.size());
+  bytes += 'L'; // never the byte form of an update
+  put(bytes, r.node);
+  put(bytes, r.session);
+  put(bytes, r.seq);
+  put(bytes, r.loads.size());
+  for (const auto& l : r.loads) {
+    put(bytes, l.replica);
+    put(bytes, l.running);
+    put(bytes, l.waiting);
+    put(bytes, static_cast<std::uint64_t>(static_cast<std::int64_t>(l.kv_usage_permille)));
+    put(bytes, l.age_ms);
+  }
+  return config::session_mac(key, bytes);
+}
+
 } // namespace llmgw

@@ -88,7 +88,26 @@ void router_core::finished(const request_progress& p, bool started) {
   }
 }
 
-void router_core::estimate_costs(route_decision& d, std::uint64_t prompt) const {
+void router_core::engine_load(const std::string& replica, std::uint32_t running,
+                              std::uint32_t waiting, std::int32_t kv_usage_permille,
+                              std::chrono::steady_clock::time_point at) {
+  auto* r = find(replica);
+  if (!r || (r->engine_load_known && at < r->engine_load_at))
+    return; // unknown, or older than what is known
+  r->engine_load_known = true;
+  r->engine_load_at = at;
+  r->engine_running = running;
+  r->engine_waiting = waiting;
+  r->engine_kv_usage_permille = kv_usage_permille;
+}
+
+void router_core::forget_engine_load(const std::string& replica) {
+  if (auto* r = find(replica))
+    r->engine_load_known = false;
+}
+
+void router_core::estimate_costs(route_decision& d, std::uint64_t prompt,
+                                 std::chrono::steady_clock::time_point now) const {
   auto most_blocks = prompt > 0 ? (prompt - 1) / block_size_ : 0;
   auto budget = static_cast<double>(std::max<std::size_t>(settings_.max_batched_tokens, 1));
   for (std::size_t c = 0; c < d.scores.size(); ++c) {
@@ -106,7 +125,21 @@ void router_core::estimate_costs(route_decision& d, std::uint64_t prompt) const 
     s.queued_tokens = r.queued_tokens;
     s.decoding = r.decoding;
     s.scale = r.scale;
-    auto tokens = static_cast<double>(s.uncached_tokens + s.queued_tokens);
+    if (r.engine_load_fresh(now, settings_.engine_load_max_age)) {
+      s.engine_load = true;
+      s.engine_running = r.engine_running;
+      s.engine_waiting = r.engine_waiting;
+      s.engine_kv_usage_permille = r.engine_kv_usage_permille;
+      // This gateway's requests that have not started are in the engine's
+      // counts (waiting, or running their prefill): the rest is work the
+      // gateway did not send, or has seen start.
+      auto unstarted = r.outstanding - std::min(r.outstanding, r.decoding);
+      auto running = r.engine_running - std::min(r.engine_running, unstarted);
+      s.decoding = std::max(s.decoding, running);
+      auto others = r.engine_waiting - std::min(r.engine_waiting, unstarted);
+      s.others_queued_tokens = static_cast<std::uint64_t>(others * mean_uncached_);
+    }
+    auto tokens = static_cast<double>(s.uncached_tokens + s.queued_tokens + s.others_queued_tokens);
     auto steps = std::max(1.0, std::ceil(tokens / budget));
     auto model = settings_.prefill_ms_per_token * tokens
                  + steps * (settings_.step_ms + settings_.decode_ms_per_request * s.decoding);
@@ -216,7 +249,7 @@ route_decision router_core::decide(const route_query& q,
                            : q.chunks.size() * settings_.tier1_chunk_bytes / 4;
   if (q.tokenized && q.prompt_tokens == 0)
     prompt = q.keys.size() * block_size_;
-  estimate_costs(d, prompt);
+  estimate_costs(d, prompt, now);
   // The least cost wins. Near-ties go to the one holding more of the prompt
   // (less work for the fleet), then to the least loaded, then in turn.
   double least = scores[0].cost_ms;
@@ -280,6 +313,9 @@ route_decision router_core::decide(const route_query& q,
     counters_.load_overrides += s.cached_tokens < most_cached;
     ++r.outstanding;
     r.queued_tokens += s.uncached_tokens;
+    auto uncached = static_cast<double>(s.uncached_tokens);
+    mean_uncached_ = routed_any_ ? 0.9 * mean_uncached_ + 0.1 * uncached : uncached;
+    routed_any_ = true;
   }
   return d;
 }

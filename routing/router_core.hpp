@@ -17,11 +17,16 @@
 // Then each candidate's cost is estimated: the time until the request's first
 // token there, in milliseconds:
 //   scale x (prefill_ms_per_token x (its uncached prompt tokens + the prompt
-//   tokens sent there that have not started yet)
+//   tokens sent there that have not started yet + others' waiting work)
 //   + steps x (step_ms + decode_ms_per_request x requests decoding there))
 // where steps is how many engine steps of max_batched_tokens that prefill
 // takes (at least one), and scale is learnt per replica from the first
-// tokens the gateway sees (observed time against this estimate). The least
+// tokens the gateway sees (observed time against this estimate). Where the
+// engine's own load is known (its /metrics gauges, forwarded by its agent,
+// no older than engine_load_max_age), it counts too: requests running there
+// beyond this gateway's own unstarted ones decode alongside the prefill, and
+// requests waiting there beyond this gateway's own are other gateways' work,
+// each costing the mean prefill this router has seen. The least
 // cost wins; costs within `tie_margin` of it count as ties and go to the one
 // holding more of the prompt (less work for the fleet: a burst of one new
 // prefix stays together), then to the least loaded, then in turn. Load is part of every decision: a
@@ -80,6 +85,12 @@ struct replica_score {
   std::uint32_t decoding = 0;        ///< requests started there, not finished
   double scale = 1;                  ///< learnt: observed / estimated first-token time
   double cost_ms = 0;                ///< estimated time to first token
+  // The engine's own report, when fresh (engine_load):
+  bool engine_load = false;
+  std::uint32_t engine_running = 0;
+  std::uint32_t engine_waiting = 0;
+  std::int32_t engine_kv_usage_permille = -1; ///< -1: not reported
+  std::uint64_t others_queued_tokens = 0;     ///< waiting work not sent by this gateway
 };
 
 /// Why a decision names no replica.
@@ -159,6 +170,14 @@ public:
   /// was emptied (a clear, a restart, an exit).
   void forget_sent(const std::string& replica);
 
+  /// What the engine of `replica` reported of its load, read at `at`: its
+  /// running and waiting requests and KV cache use (permille, -1 unknown).
+  void engine_load(const std::string& replica, std::uint32_t running, std::uint32_t waiting,
+                   std::int32_t kv_usage_permille, std::chrono::steady_clock::time_point at);
+
+  /// Forgets the engine's load (its agent went away).
+  void forget_engine_load(const std::string& replica);
+
   /// The KV state: agents' changes go here.
   replica_index& kv() noexcept { return kv_; }
   const replica_index& kv() const noexcept { return kv_; }
@@ -176,6 +195,17 @@ public:
     std::uint64_t queued_tokens = 0; ///< prompt tokens sent, first token not seen
     std::uint32_t decoding = 0;      ///< first token seen, not finished
     double scale = 1;                ///< learnt (first_token)
+    // What the engine last reported of itself (engine_load):
+    bool engine_load_known = false;
+    std::chrono::steady_clock::time_point engine_load_at{}; ///< when it was read
+    std::uint32_t engine_running = 0;
+    std::uint32_t engine_waiting = 0;
+    std::int32_t engine_kv_usage_permille = -1;
+    /// The engine's report is recent enough to count.
+    bool engine_load_fresh(std::chrono::steady_clock::time_point now,
+                           std::chrono::milliseconds max_age) const {
+      return engine_load_known && now - engine_load_at <= max_age;
+    }
   };
   const std::vector<replica_entry>& replicas() const noexcept { return replicas_; }
 
@@ -188,7 +218,8 @@ private:
   void refresh_holders();
   replica_entry* find(const std::string& replica);
   /// Fills each score's cost and its parts; `prompt` in tokens.
-  void estimate_costs(route_decision& d, std::uint64_t prompt) const;
+  void estimate_costs(route_decision& d, std::uint64_t prompt,
+                      std::chrono::steady_clock::time_point now) const;
 
   config::router_settings settings_;
   std::size_t block_size_;
@@ -197,6 +228,10 @@ private:
   prefix_tree tree_;
   router_counters counters_;
   std::uint64_t turn_ = 0; ///< rotates among equal choices
+  /// The mean prefill (uncached tokens) of the requests routed, a moving
+  /// average: what a request waiting at an engine is taken to cost.
+  double mean_uncached_ = 0;
+  bool routed_any_ = false;
 
   std::vector<std::vector<holder_id>> replica_holders_; ///< by replica index
   std::size_t known_holders_ = 0;

@@ -48,6 +48,16 @@ std::string kv_replicas_json(const router_core& core, const router_stats& stats,
     o["queued_tokens"] = r.queued_tokens;
     o["decoding"] = r.decoding;
     o["cost_scale"] = r.scale;
+    if (r.engine_load_known) {
+      json::object e{
+        {"running", r.engine_running},
+        {"waiting", r.engine_waiting},
+        {"age_ms", std::chrono::duration<double, std::milli>(now - r.engine_load_at).count()},
+        {"counts", r.engine_load_fresh(now, core.settings().engine_load_max_age)}};
+      if (r.engine_kv_usage_permille >= 0)
+        e["kv_cache_usage"] = r.engine_kv_usage_permille / 1000.0;
+      o["engine_load"] = std::move(e);
+    }
     o["down"] = r.down_until > now;
     json::array ranks;
     std::uint64_t blocks = 0;
@@ -138,6 +148,14 @@ std::string decision_json(const route_decision& d) {
                              {"queued_tokens", s.queued_tokens},
                              {"decoding", s.decoding},
                              {"scale", s.scale}};
+    if (s.engine_load) {
+      auto& cost = x["cost"].as_object();
+      cost["engine_running"] = s.engine_running;
+      cost["engine_waiting"] = s.engine_waiting;
+      cost["others_queued_tokens"] = s.others_queued_tokens;
+      if (s.engine_kv_usage_permille >= 0)
+        cost["engine_kv_cache_usage"] = s.engine_kv_usage_permille / 1000.0;
+    }
     scores.push_back(std::move(x));
   }
   o["scores"] = std::move(scores);
@@ -192,6 +210,19 @@ void append_router_metrics(wire::metrics_text& m, const router_core& core,
             "Observed over estimated time to first token per replica (the cost model's "
             "correction, learnt).",
             r.scale, {{"replica", r.name}});
+    if (r.engine_load_known) {
+      wire::metric_labels who{{"replica", r.name}};
+      m.gauge("llmgw_replica_engine_running",
+              "Requests running per replica, as its engine last reported (all gateways').",
+              r.engine_running, who);
+      m.gauge("llmgw_replica_engine_waiting",
+              "Requests waiting per replica, as its engine last reported (all gateways').",
+              r.engine_waiting, who);
+      m.gauge("llmgw_replica_engine_load_age_seconds",
+              "Age of the engine's last load report; beyond router.engine_load_max_age_ms it "
+              "does not count.",
+              std::chrono::duration<double>(now - r.engine_load_at).count(), who);
+    }
     for (auto h : kv.holders_of(r.name)) {
       const auto& info = kv.info(h);
       wire::metric_labels labels{{"replica", r.name}, {"dp_rank", std::to_string(info.dp_rank)}};

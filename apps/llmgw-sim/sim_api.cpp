@@ -291,23 +291,28 @@ void api::models(const http_responder& respond) const {
 }
 
 void api::metrics(const http_responder& respond) const {
-  auto g = sched_.read();
+  // As vLLM: every sample labelled with the served model and the engine
+  // (data-parallel rank) it describes.
+  auto ranks = sched_.read();
   wire::metrics_text m;
-  wire::metric_labels l{{"model_name", opts_.model}};
-  m.gauge("vllm:num_requests_running", "Requests running.", static_cast<double>(g.running), l);
-  m.gauge("vllm:num_requests_waiting", "Requests waiting for KV cache.",
-          static_cast<double>(g.waiting), l);
-  m.gauge("vllm:kv_cache_usage_perc", "KV cache blocks in use (0..1).", g.usage, l);
-  m.counter("vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
-            static_cast<double>(g.queried), l);
-  m.counter("vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.",
-            static_cast<double>(g.hits), l);
-  m.counter("vllm:request_success_total", "Requests finished.", static_cast<double>(g.succeeded),
-            l);
-  m.counter("vllm:num_preemptions_total", "Requests preempted (blocks freed, work redone).",
-            static_cast<double>(g.preemptions), l);
-  m.histogram("vllm:time_to_first_token_seconds", "Time from arrival to the first token.", g.ttft,
+  for (std::size_t rank = 0; rank < ranks.size(); ++rank) {
+    const auto& g = ranks[rank];
+    wire::metric_labels l{{"model_name", opts_.model}, {"engine", std::to_string(rank)}};
+    m.gauge("vllm:num_requests_running", "Requests running.", static_cast<double>(g.running), l);
+    m.gauge("vllm:num_requests_waiting", "Requests waiting for KV cache.",
+            static_cast<double>(g.waiting), l);
+    m.gauge("vllm:kv_cache_usage_perc", "KV cache blocks in use (0..1).", g.usage, l);
+    m.counter("vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
+              static_cast<double>(g.queried), l);
+    m.counter("vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.",
+              static_cast<double>(g.hits), l);
+    m.counter("vllm:request_success_total", "Requests finished.", static_cast<double>(g.succeeded),
               l);
+    m.counter("vllm:num_preemptions_total", "Requests preempted (blocks freed, work redone).",
+              static_cast<double>(g.preemptions), l);
+    m.histogram("vllm:time_to_first_token_seconds", "Time from arrival to the first token.", g.ttft,
+                l);
+  }
   respond(http_reply{200, "text/plain; version=0.0.4", m.str(), {}});
 }
 

@@ -37,7 +37,7 @@ void scheduler::reset_prefix_cache(std::function<void(bool)> done) {
   });
 }
 
-scheduler::gauges scheduler::read() const {
+std::vector<scheduler::gauges> scheduler::read() const {
   std::lock_guard<std::mutex> g(mtx_);
   return gauges_;
 }
@@ -83,20 +83,20 @@ void scheduler::run() {
 }
 
 void scheduler::refresh_gauges() {
-  gauges now;
-  std::size_t used = 0, total = 0;
-  for (const auto& r : ranks_) {
-    now.running += r->batch.running();
-    now.waiting += r->batch.waiting();
-    used += r->cache.used_blocks();
-    total += r->cache.total_blocks();
-    now.queried += r->cache.queried_tokens();
-    now.hits += r->cache.hit_tokens();
-    now.succeeded += r->batch.succeeded();
-    now.preemptions += r->batch.preemptions();
-    now.ttft.merge(r->batch.ttft());
+  std::vector<gauges> now(ranks_.size());
+  for (std::size_t i = 0; i < ranks_.size(); ++i) {
+    const auto& r = *ranks_[i];
+    auto& n = now[i];
+    n.running = r.batch.running();
+    n.waiting = r.batch.waiting();
+    auto total = r.cache.total_blocks();
+    n.usage = total ? static_cast<double>(r.cache.used_blocks()) / static_cast<double>(total) : 0;
+    n.queried = r.cache.queried_tokens();
+    n.hits = r.cache.hit_tokens();
+    n.succeeded = r.batch.succeeded();
+    n.preemptions = r.batch.preemptions();
+    n.ttft.merge(r.batch.ttft());
   }
-  now.usage = total ? static_cast<double>(used) / static_cast<double>(total) : 0;
   std::lock_guard<std::mutex> g(mtx_);
   gauges_ = std::move(now);
 }

@@ -51,7 +51,8 @@ public:
   /// thread; `done` runs on the scheduler's).
   void reset_prefix_cache(std::function<void(bool)> done);
 
-  /// What vLLM's /metrics reports, as of the last scheduling step.
+  /// What vLLM's /metrics reports of one rank (vLLM's `engine` label), as
+  /// of the last scheduling step.
   struct gauges {
     std::uint64_t running = 0;
     std::uint64_t waiting = 0;
@@ -62,7 +63,7 @@ public:
     std::uint64_t preemptions = 0;
     wire::histogram ttft{ttft_buckets()}; ///< seconds, all ranks
   };
-  gauges read() const;
+  std::vector<gauges> read() const;
 
 private:
   void post(std::function<void()> f);
@@ -79,8 +80,8 @@ private:
   std::multimap<std::chrono::steady_clock::time_point, std::function<void()>>
     due_; ///< the scheduler thread's only
   bool stop_ = false;
-  gauges gauges_;      ///< guarded by mtx_
-  std::thread thread_; ///< last: starts after everything above exists
+  std::vector<gauges> gauges_; ///< by rank; guarded by mtx_
+  std::thread thread_;         ///< last: starts after everything above exists
 };
 
 } // namespace llmgw::sim

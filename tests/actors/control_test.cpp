@@ -177,6 +177,31 @@ struct control_test : llmgw::test::deterministic {
     sched.run();
   }
 
+  /// A load report as `from`'s forwarder would make it.
+  load_report loads(agent& from, std::vector<engine_load> entries) {
+    load_report r;
+    r.node = from.node;
+    r.session = from.session;
+    r.seq = ++from.seq;
+    r.loads = std::move(entries);
+    r.mac = load_report_mac(from.key, r);
+    return r;
+  }
+
+  void send_loads(const agent& from, load_report r) {
+    caf::send_as(from.fwd, ctl, std::move(r));
+    sched.run();
+  }
+
+  /// The engine load the router holds for `replica`: (running, waiting), or
+  /// (-1, -1) when it holds none.
+  std::pair<long, long> engine_load_of(const std::string& replica) {
+    for (const auto& r : core().replicas())
+      if (r.name == replica && r.engine_load_known)
+        return {r.engine_running, r.engine_waiting};
+    return {-1, -1};
+  }
+
   std::size_t blocks_of(const std::string& replica, std::uint32_t rank = 0) {
     auto h = core().kv().find(replica, rank);
     return h ? core().kv().blocks().count(*h) : 0;
@@ -349,6 +374,46 @@ TEST_F(control_test, an_agent_going_away_drops_its_replicas_at_once) {
   send(back, "a0", {1, 2, 9});
   EXPECT_EQ(blocks_of("a0"), 3u);
   EXPECT_TRUE(trusted("a0"));
+}
+
+TEST_F(control_test, engine_loads_of_a_nodes_own_engines_reach_the_router) {
+  auto a = connect("agent-a", 1);
+  send_loads(a, loads(a, {{"a0", 3, 2, 500, 10}, {"a1", 1, 0, -1, 10}}));
+  EXPECT_EQ(engine_load_of("a0"), (std::pair<long, long>{3, 2}));
+  EXPECT_EQ(engine_load_of("a1"), (std::pair<long, long>{1, 0}))
+    << "an engine without KV events has a load too";
+  ASSERT_EQ(a.log->acks.size(), 1u);
+  EXPECT_EQ(a.log->acks.back().seq, 1u);
+  EXPECT_EQ(control_st().load_reports_passed, 1u);
+  send(a, "a0", {1}); // updates and load reports share the session's seq
+  EXPECT_EQ(blocks_of("a0"), 1u);
+  caf::anon_send_exit(a.fwd, caf::exit_reason::kill); // the agent goes away
+  sched.run();
+  EXPECT_EQ(engine_load_of("a0"), (std::pair<long, long>{-1, -1}));
+}
+
+TEST_F(control_test, a_load_report_that_is_not_the_nodes_or_out_of_range_changes_nothing) {
+  auto a = connect("agent-a", 1);
+  auto b = connect("agent-b", 2);
+  send_loads(b, loads(b, {{"b0", 1, 1, 0, 0}}));
+  // agent-a names agent-b's engine among its own: nothing of it is used.
+  send_loads(a, loads(a, {{"a0", 5, 5, 0, 0}, {"b0", 50, 50, 0, 0}}));
+  EXPECT_EQ(refused("agent-a", "not_owner"), 1u);
+  EXPECT_EQ(engine_load_of("b0"), (std::pair<long, long>{1, 1}));
+  EXPECT_EQ(engine_load_of("a0"), (std::pair<long, long>{-1, -1}));
+  for (auto bad : {engine_load{"a0", 2000000, 0, 0, 0}, engine_load{"a0", 1, 1, 1001, 0},
+                   engine_load{"a0", 1, 1, -2, 0}, engine_load{"a0", 1, 1, 0, 3600000}})
+    send_loads(a, loads(a, {bad}));
+  send_loads(a, loads(a, {{"a0", 1, 1, 0, 0}, {"a0", 2, 2, 0, 0}}));
+  EXPECT_EQ(refused("agent-a", "malformed"), 5u);
+  auto forged = loads(a, {{"a0", 9, 9, 0, 0}});
+  forged.loads[0].waiting = 10; // changed after the MAC
+  send_loads(a, forged);
+  EXPECT_EQ(refused("agent-a", "mac"), 1u);
+  EXPECT_EQ(engine_load_of("a0"), (std::pair<long, long>{-1, -1}));
+  EXPECT_EQ(a.log->acks.size(), 6u) << "refused reports of the session are acked";
+  send_loads(a, loads(a, {{"a0", 4, 0, 0, 0}}));
+  EXPECT_EQ(engine_load_of("a0"), (std::pair<long, long>{4, 0})) << "the session goes on";
 }
 
 TEST_F(control_test, the_router_answers_routes_from_what_the_agents_sent) {

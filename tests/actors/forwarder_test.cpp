@@ -27,12 +27,16 @@ struct forwarder_test : llmgw::test::deterministic {
   bool reachable = true;
 
   forwarder_actor start(std::uint64_t window = 64,
-                        std::shared_ptr<const config::node_identity> identity = nullptr) {
+                        std::shared_ptr<const config::node_identity> identity = nullptr,
+                        std::shared_ptr<const engine_loads> loads = nullptr,
+                        std::chrono::milliseconds heartbeat = 1h) {
     forwarder_options opts;
     opts.node = "agent-a";
     opts.control = "control-1";
     opts.window = window;
     opts.identity = std::move(identity);
+    opts.loads = std::move(loads);
+    opts.load_heartbeat = heartbeat;
     auto connect = [this](const forwarder_actor& f) {
       ++connect_calls;
       caf::send_as(f, f, connected_atom::value,
@@ -107,6 +111,41 @@ TEST_F(forwarder_test, flushes_send_only_what_changed) {
   auto want_doc = llmgw::test::read_json(llmgw::test::capture_path("S1_basic.map.int.json"));
   EXPECT_EQ(copy.size(),
             static_cast<std::size_t>(want_doc.at("expected").at("final_size").as_int64()));
+}
+
+TEST_F(forwarder_test, engine_loads_go_out_when_they_change_and_as_a_heartbeat) {
+  auto loads = std::make_shared<engine_loads>(std::vector<std::string>{"r0", "r1", "r2"});
+  auto now = engine_loads::clock::now();
+  loads->read("r0", {3, 1, 0.5, 1}, now);
+  loads->read("r2", {9, 9, 0.9, 1}, now - 5s); // the engine stopped answering
+  start(64, nullptr, loads);
+  flush();
+  ASSERT_EQ(log->load_reports.size(), 1u);
+  const auto& first = log->load_reports[0];
+  ASSERT_EQ(first.loads.size(), 1u) << "r1 was never read, r2's reading is too old";
+  EXPECT_EQ(first.loads[0].replica, "r0");
+  EXPECT_EQ(first.loads[0].running, 3u);
+  EXPECT_EQ(first.loads[0].waiting, 1u);
+  EXPECT_EQ(first.loads[0].kv_usage_permille, 500);
+  EXPECT_EQ(first.session, log->hellos[0].session);
+  EXPECT_GT(first.seq, log->updates.back().seq) << "after the full copies, in the same seq space";
+  flush();
+  EXPECT_EQ(log->load_reports.size(), 1u) << "unchanged: not sent again before the heartbeat";
+  loads->read("r0", {4, 1, 0.5, 1}, engine_loads::clock::now());
+  flush();
+  ASSERT_EQ(log->load_reports.size(), 2u);
+  EXPECT_EQ(log->load_reports[1].loads.at(0).running, 4u);
+  EXPECT_EQ(log->bad_macs, 0u);
+}
+
+TEST_F(forwarder_test, an_unchanged_load_is_sent_again_after_the_heartbeat) {
+  auto loads = std::make_shared<engine_loads>(std::vector<std::string>{"r0"});
+  loads->read("r0", {1, 0, -1, 1}, engine_loads::clock::now());
+  start(64, nullptr, loads, 0ms);
+  flush();
+  flush();
+  ASSERT_EQ(log->load_reports.size(), 2u);
+  EXPECT_EQ(log->load_reports[1].loads.at(0).kv_usage_permille, -1) << "not reported";
 }
 
 TEST_F(forwarder_test, a_full_window_stops_draining_until_acked) {
@@ -209,6 +248,7 @@ control_actor::behavior_type proving_control(control_actor::pointer self,
       std::lock_guard<std::mutex> g(rec->mtx);
       rec->updates.push_back(u);
     },
+    [](const load_report&) {},
     [](metrics_atom) { return std::string{}; },
   };
 }
@@ -275,6 +315,7 @@ TEST_F(forwarder_test, a_handshake_that_never_finishes_is_given_up) {
       [](const agent_proof&) {},
       [](timeout_atom, std::uint64_t) {},
       [](const replica_update&) {},
+      [](const load_report&) {},
       [](metrics_atom) { return std::string{}; },
     };
   }));

@@ -3,7 +3,7 @@
 // byte picks the type). Reading must fail cleanly or give a message that
 // writes, reads back and writes again to the same bytes (the input itself
 // may differ: a bool byte of 2, a longer varint); an update's MAC can be
-// computed whatever it holds.
+// computed whatever it holds, and so can a load report's, and its range check.
 //   scripts/fuzz.sh [seconds]
 #include "messages/kv_messages.hpp"
 
@@ -43,6 +43,11 @@ void round_trip(const char* data, std::size_t size) {
   if constexpr (std::is_same_v<T, llmgw::replica_update>)
     if (llmgw::update_mac(std::string(32, 'k'), x).size() != 32)
       std::abort();
+  if constexpr (std::is_same_v<T, llmgw::load_report>) {
+    if (llmgw::load_report_mac(std::string(32, 'k'), x).size() != 32)
+      std::abort();
+    (void)llmgw::out_of_range_fields(x); // any values: an answer, never a crash
+  }
 }
 
 } // namespace
@@ -52,7 +57,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return 0;
   const auto* bytes = reinterpret_cast<const char*>(data) + 1;
   auto n = size - 1;
-  switch (data[0] % 5) {
+  switch (data[0] % 6) {
   case 0:
     round_trip<llmgw::replica_update>(bytes, n);
     break;
@@ -64,6 +69,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     break;
   case 3:
     round_trip<llmgw::agent_proof>(bytes, n);
+    break;
+  case 4:
+    round_trip<llmgw::load_report>(bytes, n);
     break;
   default:
     round_trip<llmgw::session_ack>(bytes, n);

@@ -385,6 +385,12 @@ struct capture_tokenizer {
     server = std::make_unique<llmgw::http_server>(
       "127.0.0.1", 0, 1, llmgw::http_server_limits{},
       [this](llmgw::http_request&& req, llmgw::http_responder respond) {
+        if (req.method == "GET" && req.target == "/metrics") // the agent reads the engine's load
+          return respond(llmgw::http_reply{200,
+                                           "text/plain; version=0.0.4",
+                                           "vllm:num_requests_running{engine=\"0\"} 3\n"
+                                           "vllm:num_requests_waiting{engine=\"0\"} 2\n",
+                                           {}});
         ++calls;
         auto body = json::parse(req.body).as_object();
         std::string text;
@@ -469,4 +475,20 @@ TEST(cluster, text_prompts_route_exactly_through_tokenize_lora_and_salt) {
   EXPECT_EQ(tok.bad_chat_bodies.load(), 0);
   EXPECT_LE(tok.calls.load(), static_cast<int>(2 * requests.size()))
     << "each distinct body is tokenized once";
+  // The agent reads each engine's /metrics and forwards its load: the
+  // control node's index shows it beside the KV state.
+  std::string last;
+  EXPECT_TRUE(test_cluster::eventually(
+    [&] {
+      auto doc = c.replicas("control-1");
+      last = json::serialize(doc);
+      if (!doc.is_object())
+        return false;
+      for (const auto& r : doc.at("replicas").as_array())
+        if (r.at("replica") == "a1" && r.as_object().contains("engine_load"))
+          return r.at("engine_load").at("running") == 3 && r.at("engine_load").at("waiting") == 2;
+      return false;
+    },
+    10s * slow_factor))
+    << last;
 }

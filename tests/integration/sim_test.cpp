@@ -277,15 +277,22 @@ TEST(llmgw_sim, a_full_engine_queues_and_says_so_in_vllms_metrics) {
   EXPECT_EQ(one.get().status, 200);
   EXPECT_EQ(two.get().status, 200);
   auto m = sim.get("/metrics").body;
-  EXPECT_NE(m.find("vllm:request_success_total{model_name=\"m\"} 2"), std::string::npos) << m;
-  EXPECT_NE(m.find("vllm:time_to_first_token_seconds_count{model_name=\"m\"} 2"), std::string::npos)
+  EXPECT_NE(m.find("vllm:request_success_total{model_name=\"m\",engine=\"0\"} 2"),
+            std::string::npos)
     << m;
-  EXPECT_NE(m.find("vllm:num_preemptions_total{model_name=\"m\"} 0"), std::string::npos) << m;
+  EXPECT_NE(m.find("vllm:time_to_first_token_seconds_count{model_name=\"m\",engine=\"0\"} 2"),
+            std::string::npos)
+    << m;
+  EXPECT_NE(m.find("vllm:num_preemptions_total{model_name=\"m\",engine=\"0\"} 0"),
+            std::string::npos)
+    << m;
   // The second request's first token came after the first's 200 steps of
   // 0.5 ms at least: its time to first token is above 20 ms unless it
   // arrived 80 ms late.
-  EXPECT_EQ(m.find("vllm:time_to_first_token_seconds_bucket{model_name=\"m\",le=\"0.02\"} 2"),
-            std::string::npos)
+  EXPECT_EQ(
+    m.find("vllm:time_to_first_token_seconds_bucket{model_name=\"m\",engine=\"0\",le=\"0.02\"} 2"),
+    std::string::npos)
     << m;
-  EXPECT_NE(m.find("vllm:num_requests_waiting{model_name=\"m\"} 0"), std::string::npos) << m;
+  EXPECT_NE(m.find("vllm:num_requests_waiting{model_name=\"m\",engine=\"0\"} 0"), std::string::npos)
+    << m;
 }

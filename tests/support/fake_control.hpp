@@ -1,6 +1,6 @@
 // A stand-in control node for tests of the agent side: it answers the
 // session handshake as a plaintext cluster's control node does (a key
-// share, no certificate), records every hello and update, counts updates
+// share, no certificate), records every hello, update and load report, counts messages
 // whose MAC does not match the session key, keeps a copy of each (replica,
 // rank)'s blocks as the updates describe them, and acknowledges updates
 // unless told not to.
@@ -25,6 +25,7 @@ struct control_record {
   std::mutex mtx;
   std::vector<agent_hello> hellos;
   std::vector<replica_update> updates;
+  std::vector<load_report> load_reports;
   /// Per (replica, rank): an update only ever speaks for its own replica.
   std::map<std::pair<std::string, std::uint32_t>, std::set<kv::block_ref>> replicas;
   bool ack = true; ///< answer every update with an ack
@@ -112,6 +113,19 @@ inline control_actor::behavior_type recording_control(control_actor::pointer sel
       }
       if (ack && *fwd)
         self->send(*fwd, session_ack{u.session, u.seq});
+    },
+    [self, rec, fwd](const load_report& r) {
+      bool ack;
+      {
+        std::lock_guard<std::mutex> g(rec->mtx);
+        auto key = rec->keys.find(r.session);
+        if (key == rec->keys.end() || !config::same_mac(r.mac, load_report_mac(key->second, r)))
+          ++rec->bad_macs;
+        rec->load_reports.push_back(r);
+        ack = rec->ack;
+      }
+      if (ack && *fwd)
+        self->send(*fwd, session_ack{r.session, r.seq});
     },
     [](metrics_atom) { return std::string{}; },
   };

@@ -240,6 +240,48 @@ TEST(router_core, the_cost_scale_learns_from_observed_first_tokens) {
   EXPECT_LE(score_of(rc.decide(dry, t0), d.replica).scale, 0.8 * 1.4 + 0.2 * 10 + 1e-9);
 }
 
+TEST(router_core, the_engines_own_load_counts_other_gateways_work) {
+  auto topo = four_replicas();
+  topo.router.engine_load_max_age = 2000ms;
+  router_core rc(topo);
+  auto q = query({});
+  q.prompt_tokens = 99; // 100 ms anywhere: nothing is cached
+  auto first = route(rc, q, t0);
+  ASSERT_EQ(first.replica, "r0");
+  rc.finished(progress_of(first), false); // the mean prefill is now 99 tokens
+  // r0's engine runs 3 requests and has 2 waiting that this gateway never
+  // sent (another gateway's): 2 x 99 tokens of queue, 3 decoding.
+  rc.engine_load("r0", 3, 2, 800, t0);
+  auto dry = q;
+  dry.dry_run = true;
+  auto d = rc.decide(dry, t0 + 100ms);
+  const auto& r0 = score_of(d, "r0");
+  EXPECT_TRUE(r0.engine_load);
+  EXPECT_EQ(r0.engine_waiting, 2u);
+  EXPECT_EQ(r0.engine_kv_usage_permille, 800);
+  EXPECT_EQ(r0.others_queued_tokens, 198u);
+  EXPECT_EQ(r0.decoding, 3u);
+  EXPECT_DOUBLE_EQ(r0.cost_ms, 99 + 198 + 1 * (1 + 3));
+  EXPECT_NE(d.replica, "r0") << "the idle replicas cost 100 ms";
+  EXPECT_FALSE(score_of(d, "r1").engine_load) << "r1's engine never reported";
+  // This gateway's own requests waiting there are not counted twice.
+  auto q2 = q;
+  q2.exclude = {"r1", "r2", "r3"};
+  auto mine = route(rc, q2, t0 + 100ms);
+  ASSERT_EQ(mine.replica, "r0");
+  rc.engine_load("r0", 3, 3, 800, t0 + 200ms); // its third waiting request is ours
+  EXPECT_EQ(score_of(rc.decide(dry, t0 + 300ms), "r0").others_queued_tokens, 198u);
+  // An older reading than the one held changes nothing; a stale one stops counting.
+  rc.engine_load("r0", 50, 50, 800, t0);
+  EXPECT_EQ(score_of(rc.decide(dry, t0 + 300ms), "r0").engine_waiting, 3u);
+  auto late = rc.decide(dry, t0 + 200ms + 2001ms);
+  EXPECT_FALSE(score_of(late, "r0").engine_load);
+  EXPECT_EQ(score_of(late, "r0").others_queued_tokens, 0u);
+  rc.engine_load("r0", 3, 2, 800, t0 + 3000ms);
+  rc.forget_engine_load("r0"); // its agent went away
+  EXPECT_FALSE(score_of(rc.decide(dry, t0 + 3000ms), "r0").engine_load);
+}
+
 TEST(router_core, tier1_when_tokenization_failed) {
   router_core rc(four_replicas());
   std::string text(64, 'p');
