@@ -23,8 +23,16 @@ router_core::router_core(const config::topology& topo)
   : settings_(topo.router), block_size_(topo.block_size),
     tree_(topo.router.tier1_capacity, topo.router.tier1_ttl) {
   for (const auto& n : topo.nodes)
-    for (const auto& e : n.engines)
-      replicas_.push_back({e.replica, n.name, e.model, e.lora, e.url, e.kv_events, 0, {}});
+    for (const auto& e : n.engines) {
+      replica_entry r;
+      r.name = e.replica;
+      r.node = n.name;
+      r.model = e.model;
+      r.lora = e.lora;
+      r.url = e.url;
+      r.kv_events = e.kv_events;
+      replicas_.push_back(std::move(r));
+    }
   replica_holders_.resize(replicas_.size());
 }
 
@@ -60,12 +68,25 @@ router_core::replica_entry* router_core::find(const std::string& replica) {
   return nullptr;
 }
 
-void router_core::first_token(const request_progress& p, double observed_ms) {
+void router_core::note(std::deque<std::chrono::steady_clock::time_point>& times,
+                       std::chrono::steady_clock::time_point now) const {
+  if (settings_.engine_load_max_age.count() == 0)
+    return;
+  times.push_back(now);
+  // A report counts for engine_load_max_age; the bound keeps a flood small.
+  while (!times.empty()
+         && (times.front() + settings_.engine_load_max_age < now || times.size() > 65536))
+    times.pop_front();
+}
+
+void router_core::first_token(const request_progress& p, double observed_ms,
+                              std::chrono::steady_clock::time_point now) {
   auto* r = find(p.replica);
   if (!r)
     return;
   r->queued_tokens -= std::min(r->queued_tokens, p.uncached_tokens);
   ++r->decoding;
+  note(r->left_at, now);
   if (p.model_ms > 0 && observed_ms >= 0) {
     // A moving average of observed / estimated, bounded so one outlier (a
     // stalled connection, a GC pause) cannot swing decisions for long.
@@ -74,7 +95,8 @@ void router_core::first_token(const request_progress& p, double observed_ms) {
   }
 }
 
-void router_core::finished(const request_progress& p, bool started) {
+void router_core::finished(const request_progress& p, bool started,
+                           std::chrono::steady_clock::time_point now) {
   auto* r = find(p.replica);
   if (!r)
     return;
@@ -85,6 +107,7 @@ void router_core::finished(const request_progress& p, bool started) {
       --r->decoding;
   } else {
     r->queued_tokens -= std::min(r->queued_tokens, p.uncached_tokens);
+    note(r->left_at, now);
   }
 }
 
@@ -130,13 +153,20 @@ void router_core::estimate_costs(route_decision& d, std::uint64_t prompt,
       s.engine_running = r.engine_running;
       s.engine_waiting = r.engine_waiting;
       s.engine_kv_usage_permille = r.engine_kv_usage_permille;
-      // This gateway's requests that have not started are in the engine's
-      // counts (waiting, or running their prefill): the rest is work the
-      // gateway did not send, or has seen start.
+      // This gateway's requests that had not started when the engine was
+      // read are in its counts (waiting, or running their prefill): those
+      // not started now, plus those that started since, less those sent
+      // since. The rest is work this gateway did not send.
+      auto since = [&](const std::deque<std::chrono::steady_clock::time_point>& times) {
+        return static_cast<std::uint32_t>(
+          times.end() - std::upper_bound(times.begin(), times.end(), r.engine_load_at));
+      };
       auto unstarted = r.outstanding - std::min(r.outstanding, r.decoding);
-      auto running = r.engine_running - std::min(r.engine_running, unstarted);
+      auto sent = since(r.sent_at);
+      auto mine = unstarted + since(r.left_at) - std::min(unstarted + since(r.left_at), sent);
+      auto running = r.engine_running - std::min(r.engine_running, mine);
       s.decoding = std::max(s.decoding, running);
-      auto others = r.engine_waiting - std::min(r.engine_waiting, unstarted);
+      auto others = r.engine_waiting - std::min(r.engine_waiting, mine);
       s.others_queued_tokens = static_cast<std::uint64_t>(others * mean_uncached_);
     }
     auto tokens = static_cast<double>(s.uncached_tokens + s.queued_tokens + s.others_queued_tokens);
@@ -313,6 +343,7 @@ route_decision router_core::decide(const route_query& q,
     counters_.load_overrides += s.cached_tokens < most_cached;
     ++r.outstanding;
     r.queued_tokens += s.uncached_tokens;
+    note(r.sent_at, now);
     auto uncached = static_cast<double>(s.uncached_tokens);
     mean_uncached_ = routed_any_ ? 0.9 * mean_uncached_ + 0.1 * uncached : uncached;
     routed_any_ = true;

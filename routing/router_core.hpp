@@ -40,6 +40,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <string>
 #include <vector>
@@ -157,11 +158,13 @@ public:
   /// The first token of a request came back after `observed_ms`: its
   /// prefill is done (it now decodes), and the replica's scale learns from
   /// the time against the estimate.
-  void first_token(const request_progress& p, double observed_ms);
+  void first_token(const request_progress& p, double observed_ms,
+                   std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
 
   /// A request finished (success or not); `started` if first_token() was
   /// called for it.
-  void finished(const request_progress& p, bool started);
+  void finished(const request_progress& p, bool started,
+                std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
 
   /// Marks `replica` down until `until` (it refused or failed a request).
   void mark_down(const std::string& replica, std::chrono::steady_clock::time_point until);
@@ -201,6 +204,11 @@ public:
     std::uint32_t engine_running = 0;
     std::uint32_t engine_waiting = 0;
     std::int32_t engine_kv_usage_permille = -1;
+    /// When this gateway's requests were sent there, and when they left the
+    /// engine's queue (first token, or ended before it), for as long as an
+    /// engine's report counts: a report read at t counts the requests sent
+    /// before t that had not left by t as its own waiting ones.
+    std::deque<std::chrono::steady_clock::time_point> sent_at, left_at;
     /// The engine's report is recent enough to count.
     bool engine_load_fresh(std::chrono::steady_clock::time_point now,
                            std::chrono::milliseconds max_age) const {
@@ -217,6 +225,10 @@ private:
   /// Keeps replica_holders_ in step with the holders the index has seen.
   void refresh_holders();
   replica_entry* find(const std::string& replica);
+  /// Notes in `times` that one of this gateway's requests was sent or left
+  /// the queue at `now`, forgetting what no report can still need.
+  void note(std::deque<std::chrono::steady_clock::time_point>& times,
+            std::chrono::steady_clock::time_point now) const;
   /// Fills each score's cost and its parts; `prompt` in tokens.
   void estimate_costs(route_decision& d, std::uint64_t prompt,
                       std::chrono::steady_clock::time_point now) const;

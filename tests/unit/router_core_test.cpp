@@ -248,10 +248,10 @@ TEST(router_core, the_engines_own_load_counts_other_gateways_work) {
   q.prompt_tokens = 99; // 100 ms anywhere: nothing is cached
   auto first = route(rc, q, t0);
   ASSERT_EQ(first.replica, "r0");
-  rc.finished(progress_of(first), false); // the mean prefill is now 99 tokens
-  // r0's engine runs 3 requests and has 2 waiting that this gateway never
-  // sent (another gateway's): 2 x 99 tokens of queue, 3 decoding.
-  rc.engine_load("r0", 3, 2, 800, t0);
+  rc.finished(progress_of(first), false, t0 + 10ms); // the mean prefill is now 99 tokens
+  // r0's engine, read after that, runs 3 requests and has 2 waiting that
+  // this gateway never sent (another gateway's): 2 x 99 tokens of queue.
+  rc.engine_load("r0", 3, 2, 800, t0 + 50ms);
   auto dry = q;
   dry.dry_run = true;
   auto d = rc.decide(dry, t0 + 100ms);
@@ -264,13 +264,19 @@ TEST(router_core, the_engines_own_load_counts_other_gateways_work) {
   EXPECT_DOUBLE_EQ(r0.cost_ms, 99 + 198 + 1 * (1 + 3));
   EXPECT_NE(d.replica, "r0") << "the idle replicas cost 100 ms";
   EXPECT_FALSE(score_of(d, "r1").engine_load) << "r1's engine never reported";
-  // This gateway's own requests waiting there are not counted twice.
+  // A request of this gateway's sent after the reading is not in it: the
+  // others' work stays 2 requests.
   auto q2 = q;
   q2.exclude = {"r1", "r2", "r3"};
   auto mine = route(rc, q2, t0 + 100ms);
   ASSERT_EQ(mine.replica, "r0");
-  rc.engine_load("r0", 3, 3, 800, t0 + 200ms); // its third waiting request is ours
-  EXPECT_EQ(score_of(rc.decide(dry, t0 + 300ms), "r0").others_queued_tokens, 198u);
+  EXPECT_EQ(score_of(rc.decide(dry, t0 + 150ms), "r0").others_queued_tokens, 198u);
+  // Read again with it waiting there: 3 waiting, one of them this gateway's.
+  rc.engine_load("r0", 3, 3, 800, t0 + 200ms);
+  EXPECT_EQ(score_of(rc.decide(dry, t0 + 210ms), "r0").others_queued_tokens, 198u);
+  // It starts after that reading: still one of the 3, not another gateway's.
+  rc.first_token(progress_of(mine), 50, t0 + 250ms);
+  EXPECT_EQ(score_of(rc.decide(dry, t0 + 260ms), "r0").others_queued_tokens, 198u);
   // An older reading than the one held changes nothing; a stale one stops counting.
   rc.engine_load("r0", 50, 50, 800, t0);
   EXPECT_EQ(score_of(rc.decide(dry, t0 + 300ms), "r0").engine_waiting, 3u);
