@@ -87,8 +87,9 @@ struct scenario {
   std::size_t documents = 24;
   std::size_t doc_tokens = 3000;
   double zipf_s = 1.1;
-  double hot_share = 0;       ///< >0: document 0 takes this share of the chats
-  double one_off_share = 0.1; ///< sessions that are one prompt of their own
+  double hot_share = 0;            ///< >0: document 0 takes this share of the chats
+  std::size_t hot_user_tokens = 0; ///< >0: each turn about document 0 is this long
+  double one_off_share = 0.1;      ///< sessions that are one prompt of their own
   std::size_t turns_min = 2, turns_max = 8;
   std::size_t user_tokens = 150;
   std::size_t max_tokens = 24;
@@ -160,8 +161,9 @@ std::vector<session_spec> make_workload(const scenario& sc, std::uint64_t seed) 
       s.doc = static_cast<std::int64_t>(d);
       s.system = docs[d];
       auto turns = sc.turns_min + rng() % (sc.turns_max - sc.turns_min + 1);
+      auto length = d == 0 && sc.hot_user_tokens > 0 ? sc.hot_user_tokens : sc.user_tokens;
       for (std::size_t k = 0; k < turns; ++k)
-        s.users.push_back(fmt::format("User {} asks: ", i) + text_of(rng, sc.user_tokens));
+        s.users.push_back(fmt::format("User {} asks: ", i) + text_of(rng, length));
     }
     out.push_back(std::move(s));
   }
@@ -586,8 +588,10 @@ scenario scenario_named(const std::string& name) {
     sc.burst_at_s = 15;
     sc.sessions = 100;
   } else if (name == "f") {
-    sc.what = "one hot document takes half the chats, more than one engine can carry";
+    sc.what = "one hot document takes half the chats, each of its turns 1000 new tokens: more "
+              "prefill than one engine can do";
     sc.hot_share = 0.5;
+    sc.hot_user_tokens = 1000;
     sc.sessions_per_s = 6;
     sc.sessions = 200;
   } else {
