@@ -212,7 +212,9 @@ agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg) {
     }
   }
   load_scraper_options scrape;
-  scrape.interval = cfg.flush_interval;
+  // Every flush interval, but not so often that a short one keeps the
+  // engines' API servers busy answering.
+  scrape.interval = std::max(cfg.flush_interval, std::chrono::milliseconds(100));
   std::vector<std::string> scraped;
   for (const auto& e : cfg.engines)
     if (!e.url.empty()) {
@@ -234,7 +236,7 @@ agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg) {
     fo.loads = out.loads;
     // Scrapes come every flush interval: a reading several intervals old
     // means the engine stopped answering, and is not sent.
-    fo.load_max_age = std::max(std::chrono::milliseconds(1000), 4 * cfg.flush_interval);
+    fo.load_max_age = std::max(std::chrono::milliseconds(1000), 4 * scrape.interval);
     out.forwarders.emplace_back(c.name, fo.counters);
     auto f = sys.spawn(forwarder, fo, out.mirrors,
                        middleman_connector(c.host, c.port, cfg.connect_timeout));
@@ -283,7 +285,8 @@ void append_agent_metrics(wire::metrics_text& m, const agent_handles& handles) {
       for (std::size_t o = 0; o < scrape_outcome_count; ++o)
         m.counter("llmgw_agent_engine_scrapes_total",
                   "Reads of an engine's /metrics for its load, by outcome: ok, connect (no "
-                  "answer), status (not 200), parse (not vLLM's gauges), too_large.",
+                  "answer), status (not 200, or the answer broke off), parse (not vLLM's "
+                  "gauges), too_large.",
                   static_cast<double>(c.by_outcome[o]),
                   {{"replica", c.replica}, {"outcome", to_string(static_cast<scrape_outcome>(o))}});
   for (const auto& [control, c] : handles.forwarders) {

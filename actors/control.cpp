@@ -145,23 +145,18 @@ origin check_origin(self_ptr self, const Message& m, const std::string& what, Ma
 void handle_loads(self_ptr self, const control_state::session& s, const load_report& r) {
   auto& st = self->state;
   const auto* n = st.opts.topo->find_node(r.node);
-  std::string bad;
   std::string replica = "(engine loads)";
-  for (const auto& l : r.loads) {
+  auto not_owned = std::find_if(r.loads.begin(), r.loads.end(), [&](const engine_load& l) {
     const auto* owner = st.opts.topo->owner_of(l.replica);
-    if (!owner || owner->name != r.node) {
-      replica = l.replica;
-      bad = "not_owner";
-      break;
-    }
-  }
-  if (!bad.empty())
-    refuse(self, r.node, bad, replica,
-           "a load report names it, and it is not the node's: nothing of the report is used");
-  else if (n && r.loads.size() > n->engines.size())
+    return !owner || owner->name != r.node;
+  });
+  if (n && r.loads.size() > n->engines.size()) // checked first: it bounds the rest
     refuse(self, r.node, "malformed", replica,
            std::to_string(r.loads.size()) + " loads for " + std::to_string(n->engines.size())
              + " engines");
+  else if (not_owned != r.loads.end())
+    refuse(self, r.node, "not_owner", not_owned->replica,
+           "a load report names it, and it is not the node's: nothing of the report is used");
   else if (auto why = out_of_range_fields(r); !why.empty())
     refuse(self, r.node, "malformed", replica, why);
   else {
@@ -236,6 +231,8 @@ void accept(self_ptr self, std::uint64_t session) {
   LLMGW_LOG(info, who(st), "session {} of agent node '{}' accepted", session, a.node);
   for (const auto& u : a.pending)
     handle_update(self, s, u);
+  if (s.last_seq > 0) // covers load reports dropped while the session was checked
+    self->send(s.forwarder, session_ack{session, s.last_seq});
 }
 
 /// The address check, once the agent proved its name.
@@ -419,11 +416,12 @@ control_actor::behavior_type control(control_actor::stateful_pointer<control_sta
       a.pending.push_back(u);
     },
     [self](const load_report& r) {
+      // While the session is being checked a report is dropped, and not
+      // acked: an ack covers every seq up to it, and updates before it may
+      // still wait in the attempt. The next report comes within a second.
       auto from = check_origin(self, r, "(engine loads)", load_report_mac);
       if (from.s)
-        return handle_loads(self, *from.s, r);
-      if (from.a) // loads go stale in a second: the next report after acceptance will do
-        self->send(from.a->forwarder, session_ack{r.session, r.seq});
+        handle_loads(self, *from.s, r);
     },
     [self](metrics_atom) -> caf::result<std::string> {
       auto sender = self->current_sender();

@@ -28,7 +28,8 @@
 // - A load report (the agent's engines' own gauges) is checked like an
 //   update, and refused whole if it names a replica the node does not own
 //   or a value out of range; while the session is being checked, reports
-//   are acknowledged and dropped (the next one comes within a second).
+//   are dropped (the next one comes within a second), and acknowledged
+//   with the pending updates once the session is accepted.
 #pragma once
 
 #include "actors/interfaces.hpp"

@@ -60,7 +60,12 @@ bool engine_loads::count(const std::string& replica, scrape_outcome o) {
   ++e->by_outcome[static_cast<std::size_t>(o)];
   auto changed = e->last != o;
   e->last = o;
-  return changed;
+  auto now = clock::now();
+  if (!changed || (e->ever_logged && now - e->logged < std::chrono::seconds(10)))
+    return false;
+  e->logged = now;
+  e->ever_logged = true;
+  return true;
 }
 
 bool engine_loads::begin(const std::string& replica) {

@@ -21,7 +21,8 @@ namespace llmgw {
 
 class http_client;
 
-/// Why an engine's /metrics gave no load.
+/// How reading an engine's /metrics ended: ok, connect (no answer), status
+/// (not 200, or the answer broke off), parse (not vLLM's gauges), too_large.
 enum class scrape_outcome : std::uint8_t { ok, connect, status, parse, too_large };
 inline constexpr std::size_t scrape_outcome_count = 5;
 const char* to_string(scrape_outcome o) noexcept;
@@ -36,7 +37,8 @@ public:
   /// `replica`'s engine reported `g` at `at`.
   void read(const std::string& replica, const wire::engine_gauges& g, clock::time_point at);
   /// A scrape of `replica`'s engine ended with `o` (ok after read()); true
-  /// if the last one ended otherwise (worth a line in the log).
+  /// if the last one ended otherwise and the replica's last line in the log
+  /// is 10 s old: worth a line (an engine that flips cannot flood the log).
   bool count(const std::string& replica, scrape_outcome o);
 
   /// Marks a scrape of `replica` started; false if one is in flight already.
@@ -62,6 +64,8 @@ private:
     clock::time_point at{};
     std::uint64_t by_outcome[scrape_outcome_count] = {};
     scrape_outcome last = scrape_outcome::ok;
+    clock::time_point logged{};
+    bool ever_logged = false;
   };
   entry* find(const std::string& replica);
 
@@ -75,7 +79,7 @@ struct load_scraper_options {
     std::string url; ///< the engine's HTTP base URL
   };
   std::vector<engine> engines;
-  std::chrono::milliseconds interval{250};
+  std::chrono::milliseconds interval{250}; ///< the flush interval, 100 ms at least
   std::chrono::milliseconds timeout{2000};
   std::size_t max_body_bytes = 8u << 20; ///< a /metrics body larger is refused
 };

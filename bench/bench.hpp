@@ -57,10 +57,11 @@ int run_gateway_bench(int rounds, double rate, const std::string& only = {},
                       int prompt_tokens = 512);
 
 /// `llmgw-bench routing`: policies compared on seeded workloads over local
-/// clusters of llmgw-sim engines (scenarios "a" to "f").
+/// clusters of llmgw-sim engines (scenarios "a" to "f"); without
+/// `engine_load`, the gateways ignore the engines' own load.
 int run_routing_bench(const std::vector<std::string>& scenarios,
                       const std::vector<std::string>& policies, std::uint64_t seed,
-                      double time_scale, double load);
+                      double time_scale, double load, bool engine_load = true);
 
 /// `llmgw-bench agent-actors`: the same through the subscriber and mirror actors.
 int run_agent_actors_bench(int rounds);

@@ -78,8 +78,13 @@ int main(int argc, char** argv) {
   routing->add_option("--load", load, "session arrival rate x this")
     ->check(CLI::Range(0.01, 100.0))
     ->capture_default_str();
+  bool no_engine_load = false;
+  routing->add_flag("--no-engine-load", no_engine_load,
+                    "the gateways ignore the engines' own load (engine_load_max_age_ms = 0), "
+                    "for comparison");
   routing->callback([&] {
-    exit_code = llmgw::bench::run_routing_bench(scenarios, policies, seed, time_scale, load);
+    exit_code =
+      llmgw::bench::run_routing_bench(scenarios, policies, seed, time_scale, load, !no_engine_load);
   });
   CLI11_PARSE(app, argc, argv);
   return exit_code;

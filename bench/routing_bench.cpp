@@ -29,6 +29,7 @@
 #include <fcntl.h>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <mutex>
 #include <netinet/in.h>
@@ -230,8 +231,8 @@ std::string exe_dir() {
 
 /// Writes the topology and starts `llmgw up`; false (with why) if it did
 /// not come up.
-bool start_cluster(const scenario& sc, policy p, const engine_rates& rates, cluster& c,
-                   std::string& error) {
+bool start_cluster(const scenario& sc, policy p, const engine_rates& rates, bool engine_load,
+                   cluster& c, std::string& error) {
   char tmpl[] = "/tmp/llmgw-bench-routing-XXXXXX";
   c.dir = ::mkdtemp(tmpl);
   bool events = p == policy::llmgw;
@@ -239,8 +240,9 @@ bool start_cluster(const scenario& sc, policy p, const engine_rates& rates, clus
   t << "[cluster]\nname = \"bench\"\nhash_seed = \"0\"\nblock_size = 16\nflush_interval_ms = 50\n\n"
     << "[tls]\nca = \"certs/ca.pem\"\n\n"
     << "[router]\n"
-    << fmt::format("prefill_ms_per_token = {}\nstep_ms = {}\ndecode_ms_per_request = {}\n\n",
-                   rates.us_per_token() / 1000, rates.step_ms(), 0.15 * rates.scale);
+    << fmt::format("prefill_ms_per_token = {}\nstep_ms = {}\ndecode_ms_per_request = {}\n",
+                   rates.us_per_token() / 1000, rates.step_ms(), 0.15 * rates.scale)
+    << (engine_load ? "\n" : "engine_load_max_age_ms = 0\n\n");
   for (std::size_t k = 0; k < sc.controls; ++k) {
     auto http = free_port();
     t << fmt::format("[[node]]\nname = \"control-{}\"\nhost = \"127.0.0.1\"\nport = {}\n"
@@ -568,6 +570,45 @@ summary summarize(policy p, const std::vector<request_result>& rs, std::size_t e
   return s;
 }
 
+/// The sum of every sample of family `name` in Prometheus text.
+double sum_of(const std::string& text, const std::string& name) {
+  double total = 0;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.compare(0, name.size(), name) == 0 && line.size() > name.size()
+        && (line[name.size()] == '{' || line[name.size()] == ' '))
+      total += std::strtod(line.c_str() + line.rfind(' ') + 1, nullptr);
+  return total;
+}
+
+/// The index's accuracy on the run's traffic, from the gateways' own
+/// counters: tier-kv answers whose engine reported its cached tokens, what
+/// the index predicted for them, what the engines found, and how many fell
+/// short.
+std::string index_accuracy(const cluster& c) {
+  http_client http;
+  double answers = 0, predicted = 0, reported = 0, short_ = 0;
+  for (const auto& g : c.gateways) {
+    std::promise<std::string> got;
+    auto text = got.get_future();
+    http.request("GET", g, "/metrics", {}, 5s, [&got](http_response r) {
+      got.set_value(r.status == 200 ? std::move(r.body) : std::string{});
+    });
+    auto t = text.get();
+    answers += sum_of(t, "llmgw_kv_checked_answers_total");
+    predicted += sum_of(t, "llmgw_kv_predicted_cached_tokens_total");
+    reported += sum_of(t, "llmgw_kv_reported_cached_tokens_total");
+    short_ += sum_of(t, "llmgw_kv_prediction_shortfalls_total");
+  }
+  if (answers == 0)
+    return "no tier-kv answers";
+  return fmt::format("{:.0f} tier-kv answers: the engines found {:.3f} of the {:.0f} cached "
+                     "tokens the index predicted; {:.0f} ({:.1f}%) found fewer",
+                     answers, predicted > 0 ? reported / predicted : 0, predicted, short_,
+                     100 * short_ / answers);
+}
+
 scenario scenario_named(const std::string& name) {
   scenario sc;
   sc.name = name;
@@ -604,7 +645,7 @@ scenario scenario_named(const std::string& name) {
 
 int run_routing_bench(const std::vector<std::string>& scenarios,
                       const std::vector<std::string>& policies, std::uint64_t seed,
-                      double time_scale, double load) {
+                      double time_scale, double load, bool engine_load) {
   std::vector<policy> ps;
   for (auto p : {policy::round_robin, policy::least_outstanding, policy::session_hash,
                  policy::llmgw_tier1, policy::llmgw})
@@ -635,17 +676,20 @@ int run_routing_bench(const std::vector<std::string>& scenarios,
     for (auto p : ps) {
       cluster c;
       std::string error;
-      if (!start_cluster(sc, p, rates, c, error)) {
+      if (!start_cluster(sc, p, rates, engine_load, c, error)) {
         fmt::print(stderr, "  {}: {}\n", name_of(p), error);
         code = 1;
         continue;
       }
       auto rs = run_workload(work, p, c, sc);
+      auto accuracy = p == policy::llmgw ? index_accuracy(c) : std::string{};
       c.stop();
       auto s = summarize(p, rs, sc.engines);
       fmt::print("  {:<18} {:>7.3f} {:>8.0f} {:>9.0f} {:>9.0f} {:>9.2f} {:>7.2f} {:>7} {:>6}{}\n",
                  name_of(p), s.cached_ratio, s.p50, s.p90, s.p99, s.rps, s.spread, s.failed,
                  s.hot_replicas, sc.burst ? fmt::format("   {:>9.0f}", s.burst_p90) : "");
+      if (!accuracy.empty())
+        fmt::print("    index: {}\n", accuracy);
       std::fflush(stdout);
       std::error_code ec;
       fs::remove_all(c.dir, ec);

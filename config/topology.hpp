@@ -98,7 +98,8 @@ struct router_settings {
   /// its KV events confirm them first (0: no speculative entries).
   std::chrono::milliseconds speculative_ttl{5000};
   /// An engine's own load (its /metrics, forwarded by its agent) counts in
-  /// the cost while no older than this (0: never counts).
+  /// the cost while no older than this, and at least two flush intervals
+  /// (0: never counts).
   std::chrono::milliseconds engine_load_max_age{2000};
   std::size_t tier1_chunk_bytes = 64;  ///< prompt text per tier-1 tree step
   std::size_t tier1_capacity = 200000; ///< tier-1 chunks kept per replica

@@ -22,6 +22,11 @@ const char* to_string(route_tier t) noexcept {
 router_core::router_core(const config::topology& topo)
   : settings_(topo.router), block_size_(topo.block_size),
     tree_(topo.router.tier1_capacity, topo.router.tier1_ttl) {
+  // Agents read their engines once per flush interval (100 ms at least): a
+  // reading must count for two of them, or none would count between reads.
+  auto& age = settings_.engine_load_max_age;
+  if (age.count() > 0)
+    age = std::max(age, 2 * std::max(topo.flush_interval, std::chrono::milliseconds(100)));
   for (const auto& n : topo.nodes)
     for (const auto& e : n.engines) {
       replica_entry r;
@@ -164,10 +169,17 @@ void router_core::estimate_costs(route_decision& d, std::uint64_t prompt,
       auto unstarted = r.outstanding - std::min(r.outstanding, r.decoding);
       auto sent = since(r.sent_at);
       auto mine = unstarted + since(r.left_at) - std::min(unstarted + since(r.left_at), sent);
+      // Those are the newest there, so the engine (first come, first
+      // served) has them waiting rather than running: what waits beyond
+      // them is others' work. What runs beyond them decodes alongside.
       auto running = r.engine_running - std::min(r.engine_running, mine);
       s.decoding = std::max(s.decoding, running);
       auto others = r.engine_waiting - std::min(r.engine_waiting, mine);
-      s.others_queued_tokens = static_cast<std::uint64_t>(others * mean_uncached_);
+      // Until this router has routed anything, this prompt is the best guess
+      // of what a request costs.
+      auto per_request = routed_any_ ? mean_uncached_ : static_cast<double>(prompt);
+      s.others_queued_tokens =
+        static_cast<std::uint64_t>(static_cast<double>(others) * per_request);
     }
     auto tokens = static_cast<double>(s.uncached_tokens + s.queued_tokens + s.others_queued_tokens);
     auto steps = std::max(1.0, std::ceil(tokens / budget));

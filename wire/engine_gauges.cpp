@@ -3,6 +3,8 @@
 // family are skipped without being parsed further.
 #include "wire/engine_gauges.hpp"
 
+#include "base/log.hpp"
+
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -82,10 +84,10 @@ result<engine_gauges> read_engine_gauges(std::string_view text) {
     double v = std::strtod(token.c_str(), &parsed_to);
     if (parsed_to != token.c_str() + token.size() || !std::isfinite(v) || v < 0)
       return error{errc::bad_value,
-                   where + ": '" + token.substr(0, 40) + "' is not a finite number >= 0"};
+                   where + ": '" + log::printable(token, 40) + "' is not a finite number >= 0"};
     bool usage = g == gauge::kv_usage || g == gauge::gpu_usage;
     if (usage ? v > 1 : v > max_engine_requests)
-      return error{errc::bad_value, where + ": " + token.substr(0, 40)
+      return error{errc::bad_value, where + ": " + log::printable(token, 40)
                                       + " is out of range (at most "
                                       + (usage ? std::string("1") : std::string("1e6")) + ")"};
     switch (g) {

@@ -405,13 +405,14 @@ TEST_F(control_test, a_load_report_that_is_not_the_nodes_or_out_of_range_changes
                    engine_load{"a0", 1, 1, -2, 0}, engine_load{"a0", 1, 1, 0, 3600000}})
     send_loads(a, loads(a, {bad}));
   send_loads(a, loads(a, {{"a0", 1, 1, 0, 0}, {"a0", 2, 2, 0, 0}}));
-  EXPECT_EQ(refused("agent-a", "malformed"), 5u);
+  send_loads(a, loads(a, {{"a0", 1, 1, 0, 0}, {"a1", 1, 1, 0, 0}, {"a0", 1, 1, 0, 0}}));
+  EXPECT_EQ(refused("agent-a", "malformed"), 6u) << "3 loads for 2 engines";
   auto forged = loads(a, {{"a0", 9, 9, 0, 0}});
   forged.loads[0].waiting = 10; // changed after the MAC
   send_loads(a, forged);
   EXPECT_EQ(refused("agent-a", "mac"), 1u);
   EXPECT_EQ(engine_load_of("a0"), (std::pair<long, long>{-1, -1}));
-  EXPECT_EQ(a.log->acks.size(), 6u) << "refused reports of the session are acked";
+  EXPECT_EQ(a.log->acks.size(), 7u) << "refused reports of the session are acked";
   send_loads(a, loads(a, {{"a0", 4, 0, 0, 0}}));
   EXPECT_EQ(engine_load_of("a0"), (std::pair<long, long>{4, 0})) << "the session goes on";
 }

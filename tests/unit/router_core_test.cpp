@@ -277,10 +277,21 @@ TEST(router_core, the_engines_own_load_counts_other_gateways_work) {
   // It starts after that reading: still one of the 3, not another gateway's.
   rc.first_token(progress_of(mine), 50, t0 + 250ms);
   EXPECT_EQ(score_of(rc.decide(dry, t0 + 260ms), "r0").others_queued_tokens, 198u);
+  // A reading that holds fewer requests than this gateway has there (it
+  // lags) counts no others' work, and no negative one.
+  auto two = route(rc, q2, t0 + 270ms);
+  auto three = route(rc, q2, t0 + 280ms);
+  rc.engine_load("r0", 0, 0, 800, t0 + 290ms);
+  auto lagging = score_of(rc.decide(dry, t0 + 295ms), "r0");
+  EXPECT_EQ(lagging.others_queued_tokens, 0u);
+  EXPECT_EQ(lagging.decoding, 1u) << "its own decoding request, whatever the engine said";
+  rc.finished(progress_of(two), false, t0 + 296ms);
+  rc.finished(progress_of(three), false, t0 + 297ms);
+  rc.engine_load("r0", 3, 3, 800, t0 + 298ms);
   // An older reading than the one held changes nothing; a stale one stops counting.
   rc.engine_load("r0", 50, 50, 800, t0);
   EXPECT_EQ(score_of(rc.decide(dry, t0 + 300ms), "r0").engine_waiting, 3u);
-  auto late = rc.decide(dry, t0 + 200ms + 2001ms);
+  auto late = rc.decide(dry, t0 + 298ms + 2001ms);
   EXPECT_FALSE(score_of(late, "r0").engine_load);
   EXPECT_EQ(score_of(late, "r0").others_queued_tokens, 0u);
   rc.engine_load("r0", 3, 2, 800, t0 + 3000ms);
