@@ -583,12 +583,13 @@ double sum_of(const std::string& text, const std::string& name) {
 }
 
 /// The index's accuracy on the run's traffic, from the gateways' own
-/// counters: tier-kv answers whose engine reported its cached tokens, what
-/// the index predicted for them, what the engines found, and how many fell
-/// short.
+/// counters: answers whose engine reported its cached tokens where the
+/// index predicted some, what the index predicted for them, what the
+/// engines found, how many fell short, the blocks those answers dropped
+/// from the index, and how often a replica became distrusted.
 std::string index_accuracy(const cluster& c) {
   http_client http;
-  double answers = 0, predicted = 0, reported = 0, short_ = 0;
+  double answers = 0, predicted = 0, reported = 0, short_ = 0, dropped = 0, distrusts = 0;
   for (const auto& g : c.gateways) {
     std::promise<std::string> got;
     auto text = got.get_future();
@@ -600,13 +601,16 @@ std::string index_accuracy(const cluster& c) {
     predicted += sum_of(t, "llmgw_kv_predicted_cached_tokens_total");
     reported += sum_of(t, "llmgw_kv_reported_cached_tokens_total");
     short_ += sum_of(t, "llmgw_kv_prediction_shortfalls_total");
+    dropped += sum_of(t, "llmgw_kv_shortfall_dropped_blocks_total");
+    distrusts += sum_of(t, "llmgw_kv_distrusts_total");
   }
   if (answers == 0)
-    return "no tier-kv answers";
-  return fmt::format("{:.0f} tier-kv answers: the engines found {:.3f} of the {:.0f} cached "
-                     "tokens the index predicted; {:.0f} ({:.1f}%) found fewer",
+    return "no checked answers";
+  return fmt::format("{:.0f} checked answers: the engines found {:.3f} of the {:.0f} cached "
+                     "tokens the index predicted; {:.0f} ({:.1f}%) found fewer, dropping {:.0f} "
+                     "blocks; {:.0f} distrusts",
                      answers, predicted > 0 ? reported / predicted : 0, predicted, short_,
-                     100 * short_ / answers);
+                     100 * short_ / answers, dropped, distrusts);
 }
 
 scenario scenario_named(const std::string& name) {

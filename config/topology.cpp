@@ -453,12 +453,13 @@ void read_router(checker& c, const toml::value& doc, router_settings& r) {
   c.only_keys(*rt, "[router]",
               {"cpu_weight", "storage_weight", "tie_margin", "prefill_ms_per_token", "step_ms",
                "decode_ms_per_request", "max_batched_tokens", "hot_spot_threshold",
-               "speculative_ttl_ms", "engine_load_max_age_ms", "tier1_chunk_bytes",
-               "tier1_capacity", "tier1_ttl_s", "tokenize_timeout_ms", "tokenize_cache_entries",
-               "tokenize_cache_mib"});
+               "speculative_ttl_ms", "engine_load_max_age_ms", "distrust_shortfall_share",
+               "tier1_chunk_bytes", "tier1_capacity", "tier1_ttl_s", "tokenize_timeout_ms",
+               "tokenize_cache_entries", "tokenize_cache_mib"});
   c.read_fraction(*rt, "router", "cpu_weight", r.cpu_weight);
   c.read_fraction(*rt, "router", "storage_weight", r.storage_weight);
   c.read_fraction(*rt, "router", "tie_margin", r.tie_margin);
+  c.read_fraction(*rt, "router", "distrust_shortfall_share", r.distrust_shortfall_share);
   if (const auto* old = c.find(*rt, "hot_spot_threshold"))
     c.problem(*old, "router.hot_spot_threshold is gone: load is part of every decision's cost now "
                     "(prefill_ms_per_token, step_ms, decode_ms_per_request); remove it");

@@ -101,6 +101,10 @@ struct router_settings {
   /// the cost while no older than this, and at least two flush intervals
   /// (0: never counts).
   std::chrono::milliseconds engine_load_max_age{2000};
+  /// A replica's KV state is distrusted (scored by tier 1) when more than
+  /// this share of its last 32 checked answers found fewer tokens cached
+  /// than the index predicted (0: never).
+  double distrust_shortfall_share = 0.5;
   std::size_t tier1_chunk_bytes = 64;  ///< prompt text per tier-1 tree step
   std::size_t tier1_capacity = 200000; ///< tier-1 chunks kept per replica
   std::chrono::seconds tier1_ttl{900};

@@ -139,6 +139,7 @@ private:
     decision_.tier = d.tier;
     decision_.dp_rank = d.dp_rank;
     decision_.predicted_cached_tokens = d.predicted_cached_tokens;
+    decision_.watch = d.watch;
     decision_.uncached_tokens = d.uncached_tokens;
     decision_.model_ms = d.model_ms;
     first_token_ = false;
@@ -209,7 +210,7 @@ private:
       first_token_ = true;
       ctx_.plane.shared_router->first_token(routing::progress_of(decision_), 1e3 * since(sent_));
     }
-    if (streaming_ && decision_.tier == routing::route_tier::kv && !reported_cached_) {
+    if (streaming_ && decision_.predicted_cached_tokens > 0 && !reported_cached_) {
       // The usage event may be split across pieces: keep a short tail.
       scan_ += data;
       reported_cached_ = wire::find_cached_tokens(scan_);
@@ -228,13 +229,16 @@ private:
 
   void on_done(const http_error& err) {
     std::unique_lock<std::mutex> g(mtx_);
-    ctx_.plane.shared_router->finished(routing::progress_of(decision_), first_token_);
+    if (err.ok() && !streaming_ && decision_.predicted_cached_tokens > 0)
+      reported_cached_ = wire::find_cached_tokens(body_);
+    // What the engine found cached checks the index's prediction (and
+    // corrects the index) only when the answer is whole.
+    ctx_.plane.shared_router->finished(routing::progress_of(decision_), first_token_,
+                                       err.ok() ? reported_cached_ : std::nullopt);
     call_.reset();
     if (gone_)
       return;
     if (err.ok()) {
-      if (!streaming_ && decision_.tier == routing::route_tier::kv)
-        reported_cached_ = wire::find_cached_tokens(body_);
       note_cache_accuracy();
       if (streaming_) {
         stream_->end();
@@ -306,9 +310,10 @@ private:
   }
 
   /// Compares what the engine says it found cached with the index's
-  /// prediction (tier kv only; engines that do not report are not counted).
+  /// prediction (where the index predicted any; engines that do not report
+  /// are not counted).
   void note_cache_accuracy() {
-    if (decision_.tier != routing::route_tier::kv || !reported_cached_)
+    if (decision_.predicted_cached_tokens == 0 || !reported_cached_)
       return;
     std::lock_guard<std::mutex> s(ctx_.stats->mtx);
     auto& a = ctx_.stats->accuracy[decision_.replica];
@@ -388,7 +393,8 @@ void proxy_stats::append(wire::metrics_text& m) const {
   for (const auto& [replica, a] : accuracy) {
     wire::metric_labels r{{"replica", replica}};
     m.counter("llmgw_kv_checked_answers_total",
-              "Tier-kv answers whose engine reported its cached prompt tokens.",
+              "Answers whose engine reported its cached prompt tokens, where the index "
+              "predicted some from the engine's own events.",
               static_cast<double>(a.answers), r);
     m.counter("llmgw_kv_predicted_cached_tokens_total",
               "Prompt tokens the index predicted the engine would find cached (checked answers).",

@@ -31,6 +31,7 @@ holder_id replica_index::holder_for(std::string_view replica, std::uint32_t dp_r
   info.dp_rank = dp_rank;
   holders_.push_back(std::move(info));
   spec_.emplace_back();
+  watched_.emplace_back();
   by_replica_[std::string(replica)].push_back(h);
   return h;
 }
@@ -83,8 +84,15 @@ apply_outcome replica_index::apply(const kv_change& change,
       else if (index_.remove(b.key, h, b.where))
         info.fingerprint -= fingerprint_of(b);
     }
+  auto& watched = watched_[h];
   if (change.added)
     for (const auto& b : *change.added) {
+      if (!watched.empty()) {
+        // The engine stored it (again): a watched claim of it is current.
+        auto w = watched.find(b.key);
+        if (w != watched.end())
+          w->second.stored = ++store_clock_;
+      }
       if (was_speculative(b)) {
         ++info.speculative_confirmed; // held already: it now counts as the engine's
         info.fingerprint += fingerprint_of(b);
@@ -147,6 +155,81 @@ void replica_index::expire(std::chrono::steady_clock::time_point now) {
     --holders_[s.holder].speculative;
     ++holders_[s.holder].speculative_expired;
   }
+}
+
+std::size_t replica_index::leading_confirmed(holder_id h, const wire::block_key* keys,
+                                             std::size_t count) const {
+  const auto& spec = spec_[h];
+  std::size_t n = 0;
+  for (; n < count; ++n) {
+    auto k = keys[n];
+    bool held = index_.holds(k, h, kv::medium::gpu) || index_.holds(k, h, kv::medium::cpu)
+                || index_.holds(k, h, kv::medium::storage);
+    if (!held || spec.count(k) != 0)
+      break;
+  }
+  return n;
+}
+
+watch_id replica_index::watch(holder_id h, const wire::block_key* keys, std::size_t count) {
+  // Every routed request holds one until it is answered; the bound keeps a
+  // gateway whose answers never come (a bug) from growing without end.
+  if (count == 0 || watches_.size() >= 65536)
+    return 0;
+  auto id = next_watch_++;
+  watch_record w{h, holders_[h].epoch, holders_[h].resets, store_clock_,
+                 std::vector<wire::block_key>(keys, keys + count)};
+  auto& watched = watched_[h];
+  for (auto k : w.keys)
+    ++watched[k].watches;
+  watches_.emplace(id, std::move(w));
+  return id;
+}
+
+void replica_index::release(const watch_record& w) {
+  auto& watched = watched_[w.holder];
+  for (auto k : w.keys) {
+    auto it = watched.find(k);
+    if (it != watched.end() && --it->second.watches == 0)
+      watched.erase(it);
+  }
+}
+
+std::size_t replica_index::settle(watch_id id, std::size_t found) {
+  auto it = watches_.find(id);
+  if (it == watches_.end())
+    return 0;
+  auto w = std::move(it->second);
+  watches_.erase(it);
+  std::size_t dropped = 0;
+  auto& info = holders_[w.holder];
+  if (info.has_state && info.epoch == w.epoch && info.resets == w.resets) {
+    const auto& watched = watched_[w.holder];
+    for (std::size_t i = found; i < w.keys.size(); ++i) {
+      auto k = w.keys[i];
+      auto entry = watched.find(k);
+      if (entry != watched.end() && entry->second.stored > w.since)
+        continue; // stored again since the decision: the engine holds it now
+      if (spec_[w.holder].count(k) != 0)
+        continue; // entered by a later decision, for its own prefill
+      for (auto m : {kv::medium::gpu, kv::medium::cpu, kv::medium::storage})
+        if (index_.remove(k, w.holder, m)) {
+          info.fingerprint -= fingerprint_of(kv::block_ref{k, m});
+          ++dropped;
+        }
+    }
+    info.shortfall_drops += dropped;
+  }
+  release(w);
+  return dropped;
+}
+
+void replica_index::unwatch(watch_id id) {
+  auto it = watches_.find(id);
+  if (it == watches_.end())
+    return;
+  release(it->second);
+  watches_.erase(it);
 }
 
 std::vector<holder_id> replica_index::holders_of(std::string_view replica) const {

@@ -20,6 +20,14 @@
 //   nothing confirmed by its expiry is deleted then (expire()). They never
 //   count in a holder's fingerprint, which stays comparable with the
 //   agent's mirror.
+// - Watched predictions: when a request is routed by what the engine's
+//   events say a holder holds, those blocks are watched (watch()) until the
+//   engine's answer says how many it really found (settle()). The watched
+//   blocks it did not find, and did not store again since (its own prefill
+//   recomputes them, and its events then say so), are forgotten at once:
+//   the claim was stale (evicted before the event arrived, or the event was
+//   lost). Such a drop makes the holder's fingerprint differ from the
+//   mirror's by what the mirror still wrongly holds; it is counted.
 #pragma once
 
 #include "routing/block_index.hpp"
@@ -70,7 +78,12 @@ struct holder_info {
   std::uint64_t speculative = 0; ///< speculative entries held now
   std::uint64_t speculative_confirmed = 0;
   std::uint64_t speculative_expired = 0;
+  /// Blocks forgotten because the engine's answer said it lacked them.
+  std::uint64_t shortfall_drops = 0;
 };
+
+/// A watched prediction (0: none).
+using watch_id = std::uint64_t;
 
 /// One block's contribution to a fingerprint.
 std::uint64_t fingerprint_of(const kv::block_ref& b) noexcept;
@@ -97,6 +110,26 @@ public:
 
   /// Deletes the speculative entries nothing confirmed by `now`.
   void expire(std::chrono::steady_clock::time_point now);
+
+  /// How many of `keys`' leading blocks `h` holds by the engine's own
+  /// events: on any medium, up to the first not held or only speculative.
+  std::size_t leading_confirmed(holder_id h, const wire::block_key* keys, std::size_t count) const;
+
+  /// Watches a prediction that `h` holds `keys` (routed there): 0 when
+  /// `count` is 0 or too many are watched already.
+  watch_id watch(holder_id h, const wire::block_key* keys, std::size_t count);
+
+  /// The engine found the first `found` watched blocks: forgets the others
+  /// it did not store again since watch() (unless the holder was reset
+  /// since), and ends the watch. Returns how many were forgotten.
+  std::size_t settle(watch_id id, std::size_t found);
+
+  /// Ends a watch without an answer (the request failed, or its engine
+  /// does not report cached tokens).
+  void unwatch(watch_id id);
+
+  /// Predictions watched now.
+  std::size_t watching() const noexcept { return watches_.size(); }
 
   /// The holder id of (replica, rank), if the index has seen it.
   std::optional<holder_id> find(std::string_view replica, std::uint32_t dp_rank) const;
@@ -134,6 +167,26 @@ private:
   std::deque<speculation> spec_order_;
   std::vector<holder_info> holders_;
   std::unordered_map<std::string, std::vector<holder_id>> by_replica_;
+
+  struct watch_record {
+    holder_id holder;
+    std::uint64_t epoch;  ///< the holder's, when watched
+    std::uint64_t resets; ///< and its resets: a full copy since voids the watch
+    std::uint64_t since;  ///< store_clock_ when watched
+    std::vector<wire::block_key> keys;
+  };
+  /// A watched (holder, key): how many watches hold it, and store_clock_
+  /// at the engine's last store of it.
+  struct watched_key {
+    std::uint32_t watches = 0;
+    std::uint64_t stored = 0;
+  };
+  /// Forgets a watch's keys from watched_.
+  void release(const watch_record& w);
+  std::unordered_map<watch_id, watch_record> watches_;
+  std::vector<std::unordered_map<wire::block_key, watched_key>> watched_; ///< by holder
+  watch_id next_watch_ = 1;
+  std::uint64_t store_clock_ = 0; ///< counts the stores applied to watched keys
 };
 
 } // namespace llmgw::routing

@@ -63,7 +63,15 @@ void router_core::refresh_holders() {
 }
 
 request_progress progress_of(const route_decision& d) {
-  return {d.replica, d.uncached_tokens, d.model_ms};
+  return {d.replica, d.uncached_tokens, d.model_ms, d.predicted_cached_tokens, d.watch};
+}
+
+namespace {
+constexpr std::uint32_t check_window = 32; ///< the checked answers distrust looks at
+} // namespace
+
+std::uint32_t router_core::replica_entry::recent_shortfalls() const {
+  return static_cast<std::uint32_t>(__builtin_popcount(check_history));
 }
 
 router_core::replica_entry* router_core::find(const std::string& replica) {
@@ -101,10 +109,19 @@ void router_core::first_token(const request_progress& p, double observed_ms,
 }
 
 void router_core::finished(const request_progress& p, bool started,
+                           std::optional<std::uint64_t> reported_cached,
                            std::chrono::steady_clock::time_point now) {
   auto* r = find(p.replica);
-  if (!r)
+  if (!r) {
+    kv_.unwatch(p.watch);
     return;
+  }
+  if (p.watch != 0) {
+    if (reported_cached)
+      check(*r, p, *reported_cached);
+    else
+      kv_.unwatch(p.watch);
+  }
   if (r->outstanding > 0)
     --r->outstanding;
   if (started) {
@@ -113,6 +130,24 @@ void router_core::finished(const request_progress& p, bool started,
   } else {
     r->queued_tokens -= std::min(r->queued_tokens, p.uncached_tokens);
     note(r->left_at, now);
+  }
+}
+
+void router_core::check(replica_entry& r, const request_progress& p, std::uint64_t reported) {
+  r.shortfall_drops += kv_.settle(p.watch, reported / block_size_);
+  bool fell_short = reported < p.predicted_cached_tokens;
+  r.check_history = (r.check_history << 1) | (fell_short ? 1u : 0u);
+  r.checks_seen = std::min(r.checks_seen + 1, check_window);
+  auto share = settings_.distrust_shortfall_share;
+  auto shortfalls = r.recent_shortfalls();
+  if (!r.distrusted) {
+    if (share > 0 && r.checks_seen == check_window
+        && shortfalls > static_cast<std::uint32_t>(share * check_window)) {
+      r.distrusted = true;
+      ++r.distrusts;
+    }
+  } else if (share <= 0 || shortfalls <= static_cast<std::uint32_t>(share * check_window / 4)) {
+    r.distrusted = false;
   }
 }
 
@@ -198,8 +233,15 @@ void router_core::mark_down(const std::string& replica,
 
 void router_core::forget_sent(const std::string& replica) {
   for (std::size_t i = 0; i < replicas_.size(); ++i)
-    if (replicas_[i].name == replica)
+    if (replicas_[i].name == replica) {
       tree_.forget(static_cast<tree_replica>(i));
+      // Its cache is empty, and so is the index's state of it: nothing
+      // wrong is left there to distrust.
+      auto& r = replicas_[i];
+      r.distrusted = false;
+      r.check_history = 0;
+      r.checks_seen = 0;
+    }
 }
 
 route_decision router_core::decide(const route_query& q,
@@ -248,7 +290,11 @@ route_decision router_core::decide(const route_query& q,
         holders_.push_back(h);
         scores[c].partial = scores[c].partial || kv_.info(h).partial;
       }
+    // A distrusted replica is walked too: its answers keep checking what
+    // the index would predict, but tier 1 scores it.
     scores[c].trusted = holders_.size() > before;
+    scores[c].distrusted = scores[c].trusted && replicas_[candidates_[c]].distrusted;
+    scores[c].trusted = scores[c].trusted && !scores[c].distrusted;
     holder_owner_.resize(holders_.size(), c);
   }
   if (q.tokenized && !q.keys.empty()) {
@@ -329,14 +375,27 @@ route_decision router_core::decide(const route_query& q,
   if (s.cached_tokens > 0 && score_of(s) > 0) {
     d.tier = s.by_kv ? route_tier::kv : route_tier::approx;
     d.score = score_of(s);
-    if (d.tier == route_tier::kv) {
+    if (d.tier == route_tier::kv)
       d.dp_rank = s.dp_rank;
-      // vLLM looks up at most prompt_tokens - 1 tokens, in whole blocks.
-      auto most = q.prompt_tokens > 0 ? (q.prompt_tokens - 1) / block_size_ : 0;
-      d.predicted_cached_tokens = std::min<std::uint64_t>(s.kv_blocks, most) * block_size_;
-    }
   } else {
     d.tier = route_tier::load;
+  }
+  if (q.tokenized && s.kv_blocks > 0 && (s.trusted || s.distrusted)) {
+    // What the engine's own events say the chosen rank holds: its answer
+    // checks it. The rank is the one the engine is told, or its only one.
+    auto holder =
+      s.dp_rank >= 0 && (d.dp_rank >= 0 || replica_holders_[candidates_[chosen]].size() == 1)
+        ? kv_.find(r.name, static_cast<std::uint32_t>(s.dp_rank))
+        : std::nullopt;
+    if (holder) {
+      // vLLM looks up at most prompt_tokens - 1 tokens, in whole blocks.
+      auto most = q.prompt_tokens > 0 ? (q.prompt_tokens - 1) / block_size_ : 0;
+      auto blocks =
+        kv_.leading_confirmed(*holder, q.keys.data(), std::min<std::size_t>(s.kv_blocks, most));
+      d.predicted_cached_tokens = blocks * block_size_;
+      if (!q.dry_run)
+        d.watch = kv_.watch(*holder, q.keys.data(), blocks);
+    }
   }
   if (!q.dry_run && q.tokenized && !q.keys.empty() && settings_.speculative_ttl.count() > 0) {
     // The prompt's blocks count for the chosen rank at once: the requests

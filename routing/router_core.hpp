@@ -32,6 +32,18 @@
 // prefix stays together), then to the least loaded, then in turn. Load is part of every decision: a
 // cache hit on a replica with a long queue loses to a miss on an idle one when the queue costs more
 // than the prefill it saves.
+//
+// The engine's answer checks the index: it says how many prompt tokens the
+// engine found cached (usage.prompt_tokens_details.cached_tokens), against
+// the leading blocks the engine's own events said the chosen rank held
+// (predicted_cached_tokens; speculative entries do not count). Blocks
+// claimed but not found, and not stored again since, are dropped from the
+// index at once (replica_index::settle). When more than
+// `distrust_shortfall_share` of a replica's last 32 checked answers fell
+// short, its KV state is distrusted: it is scored by tier 1, while its
+// answers are still checked against what the index would have predicted,
+// until no more than a quarter of that share of the last 32 fall short, or
+// its cache is emptied (forget_sent()), whichever comes first.
 #pragma once
 
 #include "config/topology.hpp"
@@ -68,7 +80,10 @@ struct route_query {
 /// One candidate's scores.
 struct replica_score {
   std::string replica;
-  bool trusted = false; ///< tier 2 knew its KV state
+  bool trusted = false; ///< tier 2 knew its KV state, and it is not distrusted
+  /// Tier 2 knows its KV state, but its answers showed the state wrong too
+  /// often: scored by tier 1 (its kv and kv_blocks are what the index says).
+  bool distrusted = false;
   /// Tier 2's state may miss blocks the engine holds (an unfilled gap): it
   /// is scored by the better of tier 2 and tier 1.
   bool partial = false;
@@ -110,9 +125,12 @@ struct route_decision {
   std::int32_t dp_rank = -1; ///< tier kv: the rank holding the prefix
   std::uint32_t prompt_blocks = 0;
   std::uint32_t prompt_chunks = 0;
-  /// Tier kv: the prompt tokens the chosen rank should find cached, as vLLM
-  /// counts them (whole blocks, never the prompt's last token); else 0.
+  /// The prompt tokens the chosen rank should find cached by its engine's
+  /// own events (speculative entries do not count), as vLLM counts them
+  /// (whole blocks, never the prompt's last token); 0 when the index knows
+  /// nothing of it. The engine's answer checks it (finished()).
   std::uint64_t predicted_cached_tokens = 0;
+  watch_id watch = 0;                ///< the prediction, watched in the index until the answer
   std::uint64_t uncached_tokens = 0; ///< the chosen replica's prefill (for started/finished)
   double model_ms = 0;               ///< its estimated time to first token, before scaling
   double cost_ms = 0;                ///< and after
@@ -135,8 +153,10 @@ struct router_counters {
 /// and learnt rate current.
 struct request_progress {
   std::string replica;
-  std::uint64_t uncached_tokens = 0; ///< route_decision::uncached_tokens
-  double model_ms = 0;               ///< route_decision::model_ms
+  std::uint64_t uncached_tokens = 0;         ///< route_decision::uncached_tokens
+  double model_ms = 0;                       ///< route_decision::model_ms
+  std::uint64_t predicted_cached_tokens = 0; ///< route_decision::predicted_cached_tokens
+  watch_id watch = 0;                        ///< route_decision::watch
 };
 
 /// A decision's part of what the gateway reports.
@@ -162,8 +182,10 @@ public:
                    std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
 
   /// A request finished (success or not); `started` if first_token() was
-  /// called for it.
+  /// called for it; `reported_cached` is what its engine said it found
+  /// cached, if it said: it checks the decision's prediction.
   void finished(const request_progress& p, bool started,
+                std::optional<std::uint64_t> reported_cached = std::nullopt,
                 std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
 
   /// Marks `replica` down until `until` (it refused or failed a request).
@@ -204,6 +226,14 @@ public:
     std::uint32_t engine_running = 0;
     std::uint32_t engine_waiting = 0;
     std::int32_t engine_kv_usage_permille = -1;
+    // The index's predictions for it, checked against its answers:
+    std::uint32_t check_history = 0;   ///< the last 32, a bit each, newest lowest (1: fell short)
+    std::uint32_t checks_seen = 0;     ///< how many of those bits are answers (at most 32)
+    bool distrusted = false;           ///< scored by tier 1 (see the top of this file)
+    std::uint64_t distrusts = 0;       ///< times it became distrusted
+    std::uint64_t shortfall_drops = 0; ///< blocks dropped because an answer lacked them
+    /// Of the last checked answers, how many fell short.
+    std::uint32_t recent_shortfalls() const;
     /// When this gateway's requests were sent there, and when they left the
     /// engine's queue (first token, or ended before it), for as long as an
     /// engine's report counts: a report read at t counts the requests sent
@@ -229,6 +259,8 @@ private:
   /// the queue at `now`, forgetting what no report can still need.
   void note(std::deque<std::chrono::steady_clock::time_point>& times,
             std::chrono::steady_clock::time_point now) const;
+  /// Checks a prediction for `r` against what its engine reported.
+  void check(replica_entry& r, const request_progress& p, std::uint64_t reported);
   /// Fills each score's cost and its parts; `prompt` in tokens.
   void estimate_costs(route_decision& d, std::uint64_t prompt,
                       std::chrono::steady_clock::time_point now) const;

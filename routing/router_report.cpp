@@ -59,6 +59,11 @@ std::string kv_replicas_json(const router_core& core, const router_stats& stats,
       o["engine_load"] = std::move(e);
     }
     o["down"] = r.down_until > now;
+    o["index_check"] = json::object{{"distrusted", r.distrusted},
+                                    {"recent_answers", r.checks_seen},
+                                    {"recent_shortfalls", r.recent_shortfalls()},
+                                    {"distrusts", r.distrusts},
+                                    {"dropped_blocks", r.shortfall_drops}};
     json::array ranks;
     std::uint64_t blocks = 0;
     bool trusted = false;
@@ -133,6 +138,7 @@ std::string decision_json(const route_decision& d) {
     json::object x;
     x["replica"] = s.replica;
     x["trusted"] = s.trusted;
+    x["distrusted"] = s.distrusted;
     x["partial"] = s.partial;
     x["kv"] = s.kv;
     x["kv_blocks"] = s.kv_blocks;
@@ -210,6 +216,19 @@ void append_router_metrics(wire::metrics_text& m, const router_core& core,
             "Observed over estimated time to first token per replica (the cost model's "
             "correction, learnt).",
             r.scale, {{"replica", r.name}});
+    {
+      wire::metric_labels who{{"replica", r.name}};
+      m.gauge("llmgw_kv_distrusted",
+              "1 while the replica's answers find fewer cached tokens than the index predicts "
+              "too often (router.distrust_shortfall_share): scored by tier 1.",
+              r.distrusted ? 1 : 0, who);
+      m.counter("llmgw_kv_distrusts_total", "Times the replica's KV state became distrusted.",
+                static_cast<double>(r.distrusts), who);
+      m.counter("llmgw_kv_shortfall_dropped_blocks_total",
+                "Blocks dropped from the index because the replica's answer showed its engine "
+                "lacked them (and it had not stored them again since).",
+                static_cast<double>(r.shortfall_drops), who);
+    }
     if (r.engine_load_known) {
       wire::metric_labels who{{"replica", r.name}};
       m.gauge("llmgw_replica_engine_running",

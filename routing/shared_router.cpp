@@ -49,9 +49,10 @@ void shared_router::first_token(const request_progress& p, double observed_ms) {
   core_.first_token(p, observed_ms);
 }
 
-void shared_router::finished(const request_progress& p, bool started) {
+void shared_router::finished(const request_progress& p, bool started,
+                             std::optional<std::uint64_t> reported_cached) {
   std::lock_guard<std::mutex> g(mtx_);
-  core_.finished(p, started);
+  core_.finished(p, started, reported_cached);
 }
 
 void shared_router::mark_down(const std::string& replica, std::chrono::milliseconds how_long) {

@@ -35,8 +35,9 @@ public:
   void first_token(const request_progress& p, double observed_ms);
 
   /// A request finished (answered or failed); `started` if first_token()
-  /// was called for it.
-  void finished(const request_progress& p, bool started);
+  /// was called for it; `reported_cached` as its engine said (router_core).
+  void finished(const request_progress& p, bool started,
+                std::optional<std::uint64_t> reported_cached = std::nullopt);
 
   /// Avoid `replica` for `how_long` (it refused or failed a request).
   void mark_down(const std::string& replica, std::chrono::milliseconds how_long);

@@ -337,16 +337,26 @@ TEST_F(gateway_test, the_index_prediction_is_checked_against_the_cached_tokens_e
   auto a = post("/v1/completions", body_ids);
   ASSERT_EQ(a.status, 200) << a.body;
   ASSERT_NE(a.headers.find("x-llmgw-tier: kv"), std::string::npos) << a.headers;
-  e1.cached_tokens = 8;
+  // The answer corrected the index at once: no event said the engine
+  // stored the second block again, so it is no longer claimed.
+  auto doc = replicas();
+  for (const auto& r : doc.at("replicas").as_array())
+    if (r.at("replica") == "e1") {
+      EXPECT_EQ(r.at("blocks").as_int64(), 1) << r;
+      EXPECT_EQ(r.at("index_check").at("dropped_blocks").as_int64(), 1) << r;
+      EXPECT_EQ(r.at("index_check").at("recent_shortfalls").as_int64(), 1) << r;
+    }
+  e1.cached_tokens = 8; // it has them both again (its own prefill computed the second)
   EXPECT_EQ(post("/v1/completions", body_ids).status, 200);
   std::promise<http_response> p;
   client.request("GET", base(), "/metrics", "", 5s,
                  [&p](http_response r) { p.set_value(std::move(r)); });
   auto metrics = p.get_future().get().body;
   for (const char* line : {"llmgw_kv_checked_answers_total{replica=\"e1\"} 2\n",
-                           "llmgw_kv_predicted_cached_tokens_total{replica=\"e1\"} 16\n",
+                           "llmgw_kv_predicted_cached_tokens_total{replica=\"e1\"} 12\n",
                            "llmgw_kv_reported_cached_tokens_total{replica=\"e1\"} 12\n",
-                           "llmgw_kv_prediction_shortfalls_total{replica=\"e1\"} 1\n"})
+                           "llmgw_kv_prediction_shortfalls_total{replica=\"e1\"} 1\n",
+                           "llmgw_kv_shortfall_dropped_blocks_total{replica=\"e1\"} 1\n"})
     EXPECT_NE(metrics.find(line), std::string::npos) << line << "in:\n" << metrics;
 }
 

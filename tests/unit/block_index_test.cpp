@@ -317,3 +317,72 @@ TEST(replica_index, speculative_entries_are_confirmed_removed_or_expire) {
   EXPECT_EQ(idx.info(h).speculative_expired, 1u) << "a forgotten entry does not expire again";
   EXPECT_EQ(idx.blocks().count(h), 1u);
 }
+
+TEST(replica_index, an_answer_that_lacked_watched_blocks_drops_them_unless_stored_since) {
+  replica_index idx;
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<kv::block_ref> held{
+    {1, kv::medium::gpu}, {2, kv::medium::gpu}, {3, kv::medium::gpu}, {4, kv::medium::gpu}};
+  idx.apply({"r0", 0, 0, true, kv::parity_state::verified, &held, nullptr}, t0);
+  auto h = *idx.find("r0", 0);
+  std::vector<wire::block_key> prompt{1, 2, 3, 4, 5};
+  EXPECT_EQ(idx.leading_confirmed(h, prompt.data(), prompt.size()), 4u);
+  auto w = idx.watch(h, prompt.data(), 4);
+  ASSERT_NE(w, 0u);
+  EXPECT_EQ(idx.watching(), 1u);
+  // Its own prefill recomputed 3 and the engine stored it again; 4 it did
+  // not (its event was lost, or it is still on its way).
+  std::vector<kv::block_ref> restored{{3, kv::medium::gpu}};
+  idx.apply({"r0", 0, 0, false, kv::parity_state::verified, &restored, nullptr}, t0);
+  EXPECT_EQ(idx.settle(w, 2), 1u) << "the engine found 1 and 2 only";
+  EXPECT_TRUE(idx.blocks().holds(2, h, kv::medium::gpu));
+  EXPECT_TRUE(idx.blocks().holds(3, h, kv::medium::gpu)) << "stored since: the engine holds it";
+  EXPECT_FALSE(idx.blocks().holds(4, h, kv::medium::gpu)) << "claimed, lacking: dropped";
+  EXPECT_EQ(idx.info(h).shortfall_drops, 1u);
+  EXPECT_EQ(idx.info(h).fingerprint, fingerprint_of(idx.blocks().blocks_of(h)));
+  EXPECT_EQ(idx.watching(), 0u);
+  EXPECT_EQ(idx.settle(w, 0), 0u) << "a watch is settled once";
+}
+
+TEST(replica_index, a_watch_ends_without_effect_after_a_reset_or_unwatch) {
+  replica_index idx;
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<kv::block_ref> held{{1, kv::medium::gpu}, {2, kv::medium::cpu}};
+  idx.apply({"r0", 0, 0, true, kv::parity_state::verified, &held, nullptr}, t0);
+  auto h = *idx.find("r0", 0);
+  std::vector<wire::block_key> prompt{1, 2};
+  EXPECT_EQ(idx.leading_confirmed(h, prompt.data(), 2), 2u) << "any medium counts";
+  auto w = idx.watch(h, prompt.data(), 2);
+  idx.apply({"r0", 0, 1, true, kv::parity_state::verified, &held, nullptr}, t0);
+  EXPECT_EQ(idx.settle(w, 0), 0u) << "a full copy since is the engine's truth";
+  EXPECT_EQ(idx.blocks().count(h), 2u);
+  auto v = idx.watch(h, prompt.data(), 2);
+  idx.unwatch(v);
+  EXPECT_EQ(idx.watching(), 0u);
+  EXPECT_EQ(idx.settle(v, 0), 0u) << "an ended watch drops nothing";
+  EXPECT_EQ(idx.blocks().count(h), 2u);
+  auto u = idx.watch(h, prompt.data(), 2);
+  EXPECT_EQ(idx.settle(u, 0), 2u) << "both media of a lacking block go";
+  EXPECT_FALSE(idx.blocks().holds(2, h, kv::medium::cpu));
+  EXPECT_EQ(idx.watch(h, prompt.data(), 0), 0u) << "nothing to watch";
+}
+
+TEST(replica_index, speculative_blocks_are_not_confirmed_claims) {
+  replica_index idx;
+  auto t0 = std::chrono::steady_clock::now();
+  using namespace std::chrono_literals;
+  std::vector<kv::block_ref> held{{1, kv::medium::gpu}};
+  idx.apply({"r0", 0, 0, true, kv::parity_state::verified, &held, nullptr}, t0);
+  auto h = *idx.find("r0", 0);
+  std::vector<wire::block_key> prompt{1, 2, 3};
+  idx.speculate(h, prompt.data(), prompt.size(), t0 + 5s);
+  EXPECT_EQ(idx.leading_confirmed(h, prompt.data(), prompt.size()), 1u)
+    << "2 and 3 are the router's guess, not the engine's word";
+  // A speculative block entered after a watch is a later decision's: an
+  // answer lacking it does not drop it.
+  std::vector<wire::block_key> other{9};
+  auto w = idx.watch(h, other.data(), 1);
+  idx.speculate(h, other.data(), 1, t0 + 5s);
+  EXPECT_EQ(idx.settle(w, 0), 0u);
+  EXPECT_TRUE(idx.blocks().holds(9, h, kv::medium::gpu));
+}

@@ -248,7 +248,8 @@ TEST(router_core, the_engines_own_load_counts_other_gateways_work) {
   q.prompt_tokens = 99; // 100 ms anywhere: nothing is cached
   auto first = route(rc, q, t0);
   ASSERT_EQ(first.replica, "r0");
-  rc.finished(progress_of(first), false, t0 + 10ms); // the mean prefill is now 99 tokens
+  rc.finished(progress_of(first), false, std::nullopt,
+              t0 + 10ms); // the mean prefill is now 99 tokens
   // r0's engine, read after that, runs 3 requests and has 2 waiting that
   // this gateway never sent (another gateway's): 2 x 99 tokens of queue.
   rc.engine_load("r0", 3, 2, 800, t0 + 50ms);
@@ -285,8 +286,8 @@ TEST(router_core, the_engines_own_load_counts_other_gateways_work) {
   auto lagging = score_of(rc.decide(dry, t0 + 295ms), "r0");
   EXPECT_EQ(lagging.others_queued_tokens, 0u);
   EXPECT_EQ(lagging.decoding, 1u) << "its own decoding request, whatever the engine said";
-  rc.finished(progress_of(two), false, t0 + 296ms);
-  rc.finished(progress_of(three), false, t0 + 297ms);
+  rc.finished(progress_of(two), false, std::nullopt, t0 + 296ms);
+  rc.finished(progress_of(three), false, std::nullopt, t0 + 297ms);
   rc.engine_load("r0", 3, 3, 800, t0 + 298ms);
   // An older reading than the one held changes nothing; a stale one stops counting.
   rc.engine_load("r0", 50, 50, 800, t0);
@@ -460,4 +461,104 @@ TEST(router_core, a_routed_prompt_counts_for_its_replica_at_once) {
   auto later = rc.decide(long_query(40), t0 + 3s);
   EXPECT_EQ(later.tier, route_tier::load) << "nothing confirmed them: expired";
   EXPECT_EQ(rc.kv().info(h).speculative_expired, 40u);
+}
+
+TEST(router_core, an_answer_short_of_the_prediction_drops_the_blocks_it_lacked) {
+  router_core rc(four_replicas());
+  for (const char* r : {"r0", "r2", "r3"})
+    hold(rc, r, gpu({}));
+  hold(rc, "r1", first_blocks(10));
+  auto d = route(rc, long_query(10), t0);
+  ASSERT_EQ(d.replica, "r1");
+  EXPECT_EQ(d.predicted_cached_tokens, 40u);
+  EXPECT_NE(d.watch, 0u);
+  rc.finished(progress_of(d), false, 8); // the engine had evicted blocks 3..10
+  EXPECT_EQ(rc.kv().blocks().count(*rc.kv().find("r1", 0)), 2u);
+  EXPECT_EQ(rc.replicas()[1].shortfall_drops, 8u);
+  EXPECT_EQ(rc.replicas()[1].recent_shortfalls(), 1u);
+  auto next = rc.decide(long_query(10), t0 + 1ms);
+  EXPECT_EQ(score_of(next, "r1").kv_blocks, 2u) << "the next decision knows";
+  rc.finished(progress_of(next), false); // failed: no answer, nothing checked
+  EXPECT_EQ(rc.kv().watching(), 0u);
+  EXPECT_EQ(rc.replicas()[1].checks_seen, 1u);
+}
+
+TEST(router_core, persistent_shortfalls_distrust_a_replica_until_its_answers_agree_again) {
+  auto t = four_replicas(); // distrust_shortfall_share 0.5: more than 16 of the last 32
+  router_core rc(t);
+  for (const char* r : {"r0", "r2", "r3"})
+    hold(rc, r, gpu({}));
+  hold(rc, "r1", first_blocks(4));
+  auto h = *rc.kv().find("r1", 0);
+  // One answer: a block short (its event lost), or right. A short one
+  // drops block 4; the engine's own prefill stores it again.
+  auto answer = [&](bool short_of_it) {
+    auto d = rc.decide(long_query(4), t0);
+    rc.finished(progress_of(d), false,
+                short_of_it ? d.predicted_cached_tokens - 4 : d.predicted_cached_tokens);
+    auto again = gpu({4});
+    rc.kv().apply({"r1", 0, 1, false, kv::parity_state::verified, &again, nullptr}, t0);
+    return d;
+  };
+  for (int i = 0; i < 16; ++i)
+    answer(false);
+  for (int i = 0; i < 16; ++i)
+    answer(true);
+  EXPECT_FALSE(rc.replicas()[1].distrusted) << "16 of 32 is not more than half";
+  answer(true); // the oldest right answer leaves the window: 17 of 32
+  ASSERT_TRUE(rc.replicas()[1].distrusted);
+  EXPECT_EQ(rc.replicas()[1].distrusts, 1u);
+  auto d = answer(false);
+  EXPECT_TRUE(score_of(d, "r1").distrusted);
+  EXPECT_FALSE(score_of(d, "r1").trusted);
+  EXPECT_FALSE(score_of(d, "r1").by_kv) << "tier 1 scores it";
+  EXPECT_EQ(d.tier, route_tier::load) << "no tier-1 memory, no trusted holder of the prompt";
+  EXPECT_EQ(score_of(d, "r1").kv_blocks, 4u) << "what the index says is still reported";
+  if (d.replica == "r1") {
+    EXPECT_EQ(d.predicted_cached_tokens, 16u) << "and checked against the answer";
+  }
+  // Right answers bring it back once at most 4 of the last 32 fell short.
+  int rounds = 0;
+  while (rc.replicas()[1].distrusted && rounds < 100) {
+    auto e = rc.decide(long_query(4), t0);
+    if (e.replica == "r1") // tier 1 now routes; only r1's answers check r1
+      ++rounds;
+    rc.finished(progress_of(e), false, e.predicted_cached_tokens);
+  }
+  EXPECT_FALSE(rc.replicas()[1].distrusted);
+  EXPECT_LE(rc.replicas()[1].recent_shortfalls(), 4u);
+  EXPECT_GT(rounds, 0);
+  EXPECT_EQ(route(rc, long_query(4), t0).tier, route_tier::kv);
+  EXPECT_EQ(rc.kv().blocks().count(h), 4u);
+}
+
+TEST(router_core, an_emptied_cache_ends_distrust) {
+  auto t = four_replicas();
+  t.router.distrust_shortfall_share = 0.25;
+  router_core rc(t);
+  hold(rc, "r1", first_blocks(2));
+  for (int i = 0; i < 32; ++i) {
+    auto d = rc.decide(long_query(2), t0);
+    rc.finished(progress_of(d), false, 0);
+    hold(rc, "r1", first_blocks(2));
+  }
+  ASSERT_TRUE(rc.replicas()[1].distrusted);
+  rc.forget_sent("r1"); // a clear, a restart or an exit: the index starts over
+  EXPECT_FALSE(rc.replicas()[1].distrusted);
+  EXPECT_EQ(rc.replicas()[1].checks_seen, 0u);
+}
+
+TEST(router_core, a_share_of_zero_never_distrusts) {
+  auto t = four_replicas();
+  t.router.distrust_shortfall_share = 0;
+  router_core rc(t);
+  hold(rc, "r1", first_blocks(2));
+  for (int i = 0; i < 40; ++i) {
+    auto d = rc.decide(long_query(2), t0);
+    ASSERT_EQ(d.replica, "r1");
+    rc.finished(progress_of(d), false, 0);
+    hold(rc, "r1", first_blocks(2));
+  }
+  EXPECT_FALSE(rc.replicas()[1].distrusted);
+  EXPECT_EQ(rc.replicas()[1].recent_shortfalls(), 32u);
 }

@@ -129,6 +129,7 @@ prefill_ms_per_token = 0.5
 step_ms = 8
 tier1_ttl_s = 60
 tokenize_cache_mib = 64
+distrust_shortfall_share = 0.25
 
 [gateway]
 max_body_bytes = 1048576
@@ -169,6 +170,7 @@ max_attempts = 2
   EXPECT_DOUBLE_EQ(t.router.decode_ms_per_request, 0.1) << "the default stays";
   EXPECT_EQ(t.router.tier1_ttl.count(), 60);
   EXPECT_EQ(t.router.tokenize_cache_mib, 64u);
+  EXPECT_DOUBLE_EQ(t.router.distrust_shortfall_share, 0.25);
   EXPECT_EQ(t.router.tokenize_cache_entries, 4096u) << "defaults stay";
   EXPECT_EQ(t.gateway.max_body_bytes, 1048576u);
   EXPECT_EQ(t.gateway.request_timeout.count(), 120000);
@@ -250,6 +252,8 @@ TEST(topology, numbers_out_of_range) {
                           "prefill_ms_per_token = 0 must be between 0.0001 and 100"));
   EXPECT_TRUE(has_problem(problems_of(valid_text() + "[router]\nhot_spot_threshold = 16\n"), 0,
                           "router.hot_spot_threshold is gone"));
+  EXPECT_TRUE(has_problem(problems_of(valid_text() + "[router]\ndistrust_shortfall_share = 1.5\n"),
+                          0, "distrust_shortfall_share = 1.5 must be between 0 and 1"));
 }
 
 TEST(topology, duplicate_names_and_addresses) {
