@@ -89,10 +89,17 @@ apply_counts block_table::apply(const wire::event_batch& batch) {
 void block_table::store(const block_ref& ref, std::int64_t group) {
   auto& n = refs_[{ref.key, ref.where, group}];
   if (n++ > 0)
-    return;
+    return renewed(ref);
   auto& groups = presence_[ref];
   if (groups++ == 0)
     presence_changed(ref, false);
+  else
+    renewed(ref);
+}
+
+void block_table::renewed(const block_ref& ref) {
+  for (auto& [id, peer] : peers_)
+    peer.changed.emplace(ref, change::renewed); // an "added" pending stays one
 }
 
 bool block_table::remove(const block_ref& ref, std::int64_t group) {
@@ -116,9 +123,11 @@ void block_table::presence_changed(const block_ref& ref, bool was) {
   for (auto& [id, peer] : peers_) {
     auto it = peer.changed.find(ref);
     if (it == peer.changed.end())
-      peer.changed.emplace(ref, was);
-    else if (it->second == !was)
+      peer.changed.emplace(ref, was ? change::removed : change::added);
+    else if (was && it->second == change::added)
       peer.changed.erase(it); // back to what the peer last saw: nothing to send
+    else
+      it->second = was ? change::removed : change::renewed; // held, then gone; or back again
   }
 }
 
@@ -159,11 +168,11 @@ table_delta block_table::drain(peer_id peer) {
   auto& state = it->second;
   delta.reset = state.reset_pending;
   state.reset_pending = false;
-  for (const auto& [ref, was] : state.changed) {
-    if (was)
+  for (const auto& [ref, what] : state.changed) {
+    if (what == change::removed)
       delta.removed.push_back(ref);
     else
-      delta.added.push_back(ref);
+      delta.added.push_back(ref); // added, or renewed
   }
   state.changed.clear();
   std::sort(delta.added.begin(), delta.added.end());

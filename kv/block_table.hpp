@@ -10,9 +10,13 @@
 //   that joined late sees those.
 // - Subscribers see blocks per (key, medium): held by any group or not.
 // - Each subscriber gets a snapshot when it subscribes, then net changes:
-//   what changed since its last drain, with stored-then-removed (and the
-//   reverse) cancelled out. The memory this takes is bounded by the table's
-//   size, not by the event rate.
+//   what changed since its last drain, with stored-then-removed cancelled
+//   out. A block held at the last drain and stored again since (removed and
+//   stored, or stored while held: a prefill that recomputed a block the
+//   engine had lost, its removal perhaps lost) is sent as added: a
+//   renewal, which tells the router the engine holds it now (the router's
+//   check of an answer that lacked it depends on that). The memory this
+//   takes is bounded by the table's size, not by the event rate.
 // - A reset (gap, restart, AllBlocksCleared, engine exit) empties the table
 //   and bumps the epoch; every subscriber's next drain says "reset, epoch N"
 //   before any later change.
@@ -186,16 +190,20 @@ private:
       return block_ref_hash{}({k.key, k.where}) ^ static_cast<std::size_t>(k.group * 31);
     }
   };
+  /// What a peer is to be told of a block.
+  enum class change : std::uint8_t { added, removed, renewed };
   struct peer_state {
     bool reset_pending = false;
-    /// Blocks whose presence differs from the peer's last drain, with the
-    /// presence then.
-    std::unordered_map<block_ref, bool, block_ref_hash> changed;
+    /// Blocks to send: those whose presence differs from the peer's last
+    /// drain, and those stored again since.
+    std::unordered_map<block_ref, change, block_ref_hash> changed;
   };
 
   void store(const block_ref& ref, std::int64_t group);
   bool remove(const block_ref& ref, std::int64_t group);
   void presence_changed(const block_ref& ref, bool was);
+  /// `ref`, held, was stored again.
+  void renewed(const block_ref& ref);
   void check_parity(const wire::kv_event& ev, apply_counts& counts);
   void flag_mismatch(std::string message);
 

@@ -32,6 +32,7 @@ holder_id replica_index::holder_for(std::string_view replica, std::uint32_t dp_r
   holders_.push_back(std::move(info));
   spec_.emplace_back();
   watched_.emplace_back();
+  suppressed_.emplace_back();
   by_replica_[std::string(replica)].push_back(h);
   return h;
 }
@@ -60,6 +61,7 @@ apply_outcome replica_index::apply(const kv_change& change,
   if (change.reset) {
     index_.drop(h);
     forget_speculative(h);
+    forget_suppressed(h);
     info.has_state = true;
     info.fingerprint = 0;
     ++info.resets;
@@ -77,12 +79,15 @@ apply_outcome replica_index::apply(const kv_change& change,
     --info.speculative;
     return true;
   };
+  auto& suppressed = suppressed_[h];
   if (change.removed)
     for (const auto& b : *change.removed) {
       if (was_speculative(b))
         index_.remove(b.key, h, b.where); // never in the fingerprint
       else if (index_.remove(b.key, h, b.where))
         info.fingerprint -= fingerprint_of(b);
+      if (!suppressed.empty() && unsuppress(h, b))
+        info.fingerprint -= fingerprint_of(b); // dropped already; the events agree now
     }
   auto& watched = watched_[h];
   if (change.added)
@@ -92,6 +97,15 @@ apply_outcome replica_index::apply(const kv_change& change,
         auto w = watched.find(b.key);
         if (w != watched.end())
           w->second.stored = ++store_clock_;
+      }
+      if (!suppressed.empty() && unsuppress(h, b)) {
+        // Dropped on an answer, stored again: held, and in the fingerprint
+        // all along.
+        if (was_speculative(b))
+          ++info.speculative_confirmed;
+        else
+          index_.add(b.key, h, b.where);
+        continue;
       }
       if (was_speculative(b)) {
         ++info.speculative_confirmed; // held already: it now counts as the engine's
@@ -114,10 +128,29 @@ void replica_index::drop_replica(std::string_view replica) {
   for (auto h : it->second) {
     index_.drop(h);
     forget_speculative(h);
+    forget_suppressed(h);
     holders_[h].fingerprint = 0;
     holders_[h].has_state = false;
     holders_[h].parity = kv::parity_state::unknown;
   }
+}
+
+bool replica_index::unsuppress(holder_id h, const kv::block_ref& b) {
+  auto& suppressed = suppressed_[h];
+  auto it = suppressed.find(b.key);
+  auto bit = static_cast<std::uint8_t>(1u << static_cast<unsigned>(b.where));
+  if (it == suppressed.end() || (it->second & bit) == 0)
+    return false;
+  it->second &= static_cast<std::uint8_t>(~bit);
+  if (it->second == 0)
+    suppressed.erase(it);
+  --holders_[h].suppressed;
+  return true;
+}
+
+void replica_index::forget_suppressed(holder_id h) {
+  suppressed_[h].clear();
+  holders_[h].suppressed = 0;
 }
 
 void replica_index::forget_speculative(holder_id h) {
@@ -163,19 +196,24 @@ std::size_t replica_index::leading_confirmed(holder_id h, const wire::block_key*
   std::size_t n = 0;
   for (; n < count; ++n) {
     auto k = keys[n];
-    bool held = index_.holds(k, h, kv::medium::gpu) || index_.holds(k, h, kv::medium::cpu)
-                || index_.holds(k, h, kv::medium::storage);
-    if (!held || spec.count(k) != 0)
+    // A GPU entry may be the router's guess; CPU and storage ones never are.
+    bool held = (index_.holds(k, h, kv::medium::gpu) && spec.count(k) == 0)
+                || index_.holds(k, h, kv::medium::cpu) || index_.holds(k, h, kv::medium::storage);
+    if (!held)
       break;
   }
   return n;
 }
 
 watch_id replica_index::watch(holder_id h, const wire::block_key* keys, std::size_t count) {
+  if (count == 0)
+    return 0;
   // Every routed request holds one until it is answered; the bound keeps a
   // gateway whose answers never come (a bug) from growing without end.
-  if (count == 0 || watches_.size() >= 65536)
+  if (watches_.size() >= 65536) {
+    ++watch_refusals_;
     return 0;
+  }
   auto id = next_watch_++;
   watch_record w{h, holders_[h].epoch, holders_[h].resets, store_clock_,
                  std::vector<wire::block_key>(keys, keys + count)};
@@ -195,31 +233,37 @@ void replica_index::release(const watch_record& w) {
   }
 }
 
-std::size_t replica_index::settle(watch_id id, std::size_t found) {
+std::optional<std::size_t> replica_index::settle(watch_id id, std::size_t found) {
   auto it = watches_.find(id);
   if (it == watches_.end())
-    return 0;
+    return std::nullopt;
   auto w = std::move(it->second);
   watches_.erase(it);
-  std::size_t dropped = 0;
   auto& info = holders_[w.holder];
-  if (info.has_state && info.epoch == w.epoch && info.resets == w.resets) {
-    const auto& watched = watched_[w.holder];
-    for (std::size_t i = found; i < w.keys.size(); ++i) {
-      auto k = w.keys[i];
-      auto entry = watched.find(k);
-      if (entry != watched.end() && entry->second.stored > w.since)
-        continue; // stored again since the decision: the engine holds it now
-      if (spec_[w.holder].count(k) != 0)
-        continue; // entered by a later decision, for its own prefill
-      for (auto m : {kv::medium::gpu, kv::medium::cpu, kv::medium::storage})
-        if (index_.remove(k, w.holder, m)) {
-          info.fingerprint -= fingerprint_of(kv::block_ref{k, m});
-          ++dropped;
-        }
-    }
-    info.shortfall_drops += dropped;
+  if (!info.has_state || info.epoch != w.epoch || info.resets != w.resets) {
+    release(w);
+    return std::nullopt;
   }
+  std::size_t dropped = 0;
+  const auto& watched = watched_[w.holder];
+  auto& suppressed = suppressed_[w.holder];
+  for (std::size_t i = found; i < w.keys.size(); ++i) {
+    auto k = w.keys[i];
+    auto entry = watched.find(k);
+    if (entry != watched.end() && entry->second.stored > w.since)
+      continue; // stored again since the decision: the engine holds it now
+    for (auto m : {kv::medium::gpu, kv::medium::cpu, kv::medium::storage}) {
+      if (m == kv::medium::gpu && spec_[w.holder].count(k) != 0)
+        continue; // a speculative entry: the prefill that lacked it computes it
+      if (index_.remove(k, w.holder, m)) {
+        // Out of routing, still in the fingerprint (see the header).
+        suppressed[k] |= static_cast<std::uint8_t>(1u << static_cast<unsigned>(m));
+        ++info.suppressed;
+        ++dropped;
+      }
+    }
+  }
+  info.shortfall_drops += dropped;
   release(w);
   return dropped;
 }

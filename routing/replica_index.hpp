@@ -26,8 +26,10 @@
 //   blocks it did not find, and did not store again since (its own prefill
 //   recomputes them, and its events then say so), are forgotten at once:
 //   the claim was stale (evicted before the event arrived, or the event was
-//   lost). Such a drop makes the holder's fingerprint differ from the
-//   mirror's by what the mirror still wrongly holds; it is counted.
+//   lost). A dropped block no longer counts for routing, but it stays in
+//   the holder's fingerprint (suppressed) until the engine's own events
+//   remove or store it: the fingerprint remains a digest of what the
+//   events said, comparable with the mirror's and other control nodes'.
 #pragma once
 
 #include "routing/block_index.hpp"
@@ -80,6 +82,7 @@ struct holder_info {
   std::uint64_t speculative_expired = 0;
   /// Blocks forgotten because the engine's answer said it lacked them.
   std::uint64_t shortfall_drops = 0;
+  std::uint64_t suppressed = 0; ///< of those, still in the fingerprint (see the top)
 };
 
 /// A watched prediction (0: none).
@@ -120,9 +123,11 @@ public:
   watch_id watch(holder_id h, const wire::block_key* keys, std::size_t count);
 
   /// The engine found the first `found` watched blocks: forgets the others
-  /// it did not store again since watch() (unless the holder was reset
-  /// since), and ends the watch. Returns how many were forgotten.
-  std::size_t settle(watch_id id, std::size_t found);
+  /// it did not store again since watch(), and ends the watch. Returns how
+  /// many (block, medium) entries were forgotten, or nothing when the watch
+  /// is unknown or void (the holder was reset or dropped since: the answer
+  /// speaks of a state the index no longer holds).
+  std::optional<std::size_t> settle(watch_id id, std::size_t found);
 
   /// Ends a watch without an answer (the request failed, or its engine
   /// does not report cached tokens).
@@ -130,6 +135,10 @@ public:
 
   /// Predictions watched now.
   std::size_t watching() const noexcept { return watches_.size(); }
+
+  /// Predictions not watched because too many were (a gateway whose answers
+  /// never come back would hold them all).
+  std::uint64_t watch_refusals() const noexcept { return watch_refusals_; }
 
   /// The holder id of (replica, rank), if the index has seen it.
   std::optional<holder_id> find(std::string_view replica, std::uint32_t dp_rank) const;
@@ -187,6 +196,12 @@ private:
   std::vector<std::unordered_map<wire::block_key, watched_key>> watched_; ///< by holder
   watch_id next_watch_ = 1;
   std::uint64_t store_clock_ = 0; ///< counts the stores applied to watched keys
+  std::uint64_t watch_refusals_ = 0;
+  /// By holder: dropped blocks still in its fingerprint, a bit per medium.
+  std::vector<std::unordered_map<wire::block_key, std::uint8_t>> suppressed_;
+  /// Ends the suppression of `b` for `h`; true if it was suppressed.
+  bool unsuppress(holder_id h, const kv::block_ref& b);
+  void forget_suppressed(holder_id h);
 };
 
 } // namespace llmgw::routing

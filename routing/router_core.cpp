@@ -1,6 +1,7 @@
 #include "routing/router_core.hpp"
 
 #include <algorithm>
+#include <bitset>
 #include <cmath>
 
 namespace llmgw::routing {
@@ -36,6 +37,7 @@ router_core::router_core(const config::topology& topo)
       r.lora = e.lora;
       r.url = e.url;
       r.kv_events = e.kv_events;
+      r.dp_size = e.dp_size;
       replicas_.push_back(std::move(r));
     }
   replica_holders_.resize(replicas_.size());
@@ -68,10 +70,13 @@ request_progress progress_of(const route_decision& d) {
 
 namespace {
 constexpr std::uint32_t check_window = 32; ///< the checked answers distrust looks at
+/// Health probes failed in a row that mark a replica down: one can be a
+/// hiccup (a pause, a lost packet); two at the probe interval are not.
+constexpr std::uint32_t probe_failures_to_mark_down = 2;
 } // namespace
 
 std::uint32_t router_core::replica_entry::recent_shortfalls() const {
-  return static_cast<std::uint32_t>(__builtin_popcount(check_history));
+  return static_cast<std::uint32_t>(std::bitset<32>(check_history).count());
 }
 
 router_core::replica_entry* router_core::find(const std::string& replica) {
@@ -134,7 +139,10 @@ void router_core::finished(const request_progress& p, bool started,
 }
 
 void router_core::check(replica_entry& r, const request_progress& p, std::uint64_t reported) {
-  r.shortfall_drops += kv_.settle(p.watch, reported / block_size_);
+  auto dropped = kv_.settle(p.watch, reported / block_size_);
+  if (!dropped)
+    return; // the rank's state was reset since: the answer speaks of another
+  r.shortfall_drops += *dropped;
   bool fell_short = reported < p.predicted_cached_tokens;
   r.check_history = (r.check_history << 1) | (fell_short ? 1u : 0u);
   r.checks_seen = std::min(r.checks_seen + 1, check_window);
@@ -224,11 +232,32 @@ void router_core::estimate_costs(route_decision& d, std::uint64_t prompt,
   }
 }
 
-void router_core::mark_down(const std::string& replica,
-                            std::chrono::steady_clock::time_point until) {
-  for (auto& r : replicas_)
-    if (r.name == replica)
-      r.down_until = until;
+void router_core::mark_down(const std::string& replica, std::chrono::steady_clock::time_point until,
+                            bool unreachable) {
+  if (auto* r = find(replica)) {
+    r->down_until = until;
+    r->down_unreachable = unreachable;
+  }
+}
+
+bool router_core::probe_result(const std::string& replica, bool ok,
+                               std::chrono::steady_clock::time_point now) {
+  auto* r = find(replica);
+  if (!r)
+    return false;
+  if (ok) {
+    bool was = r->down(now);
+    r->probe_failures = 0;
+    r->probe_down = false;
+    if (r->down_unreachable)
+      r->down_until = {}; // it can be reached again
+    return was && !r->down(now);
+  }
+  ++r->probe_failures;
+  if (r->probe_down || r->probe_failures < probe_failures_to_mark_down)
+    return false;
+  r->probe_down = true;
+  return true;
 }
 
 void router_core::forget_sent(const std::string& replica) {
@@ -266,7 +295,7 @@ route_decision router_core::decide(const route_query& q,
     return d;
   }
   // Replicas marked down are left out unless every candidate is down.
-  auto is_down = [&](std::size_t i) { return replicas_[i].down_until > now; };
+  auto is_down = [&](std::size_t i) { return replicas_[i].down(now); };
   if (!std::all_of(candidates_.begin(), candidates_.end(), is_down))
     candidates_.erase(std::remove_if(candidates_.begin(), candidates_.end(), is_down),
                       candidates_.end());
@@ -276,7 +305,7 @@ route_decision router_core::decide(const route_query& q,
     const auto& r = replicas_[candidates_[c]];
     scores[c].replica = r.name;
     scores[c].outstanding = r.outstanding;
-    scores[c].down = r.down_until > now;
+    scores[c].down = r.down(now);
   }
   // Tier 2: one walk over every trusted rank of every candidate.
   kv_.expire(now);
@@ -380,14 +409,13 @@ route_decision router_core::decide(const route_query& q,
   } else {
     d.tier = route_tier::load;
   }
-  if (q.tokenized && s.kv_blocks > 0 && (s.trusted || s.distrusted)) {
+  if (q.tokenized && s.kv_blocks > 0 && s.dp_rank >= 0 && (s.trusted || s.distrusted)) {
     // What the engine's own events say the chosen rank holds: its answer
-    // checks it. The rank is the one the engine is told, or its only one.
-    auto holder =
-      s.dp_rank >= 0 && (d.dp_rank >= 0 || replica_holders_[candidates_[chosen]].size() == 1)
-        ? kv_.find(r.name, static_cast<std::uint32_t>(s.dp_rank))
-        : std::nullopt;
-    if (holder) {
+    // checks it. The engine must use that rank: with several, it is told
+    // (a distrusted replica's too, or it would never be checked again).
+    if (r.dp_size > 1)
+      d.dp_rank = s.dp_rank;
+    if (auto holder = kv_.find(r.name, static_cast<std::uint32_t>(s.dp_rank))) {
       // vLLM looks up at most prompt_tokens - 1 tokens, in whole blocks.
       auto most = q.prompt_tokens > 0 ? (q.prompt_tokens - 1) / block_size_ : 0;
       auto blocks =

@@ -188,8 +188,19 @@ public:
                 std::optional<std::uint64_t> reported_cached = std::nullopt,
                 std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
 
-  /// Marks `replica` down until `until` (it refused or failed a request).
-  void mark_down(const std::string& replica, std::chrono::steady_clock::time_point until);
+  /// Marks `replica` down until `until`: it could not be reached (a
+  /// health probe that succeeds ends the mark), or, with `unreachable`
+  /// false, it answered server errors (its probe says nothing new: the mark
+  /// lasts).
+  void mark_down(const std::string& replica, std::chrono::steady_clock::time_point until,
+                 bool unreachable = true);
+
+  /// A health probe of `replica` succeeded (`ok`) or failed. Failed ones in
+  /// a row (probe_failures_to_mark_down) mark it down until one succeeds; a
+  /// success ends that mark and one for being unreachable (mark_down).
+  /// Returns true when the replica went down or came back.
+  bool probe_result(const std::string& replica, bool ok,
+                    std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
 
   /// Forgets what tier 1 remembers sending to `replica`: its engine's cache
   /// was emptied (a clear, a restart, an exit).
@@ -215,8 +226,16 @@ public:
     std::vector<std::string> lora;
     std::string url;
     bool kv_events = false;
+    std::uint32_t dp_size = 1; ///< the engine's data-parallel ranks
     std::uint32_t outstanding = 0;
     std::chrono::steady_clock::time_point down_until{};
+    bool down_unreachable = false;    ///< down_until is for being unreachable
+    std::uint32_t probe_failures = 0; ///< health probes failed in a row
+    bool probe_down = false;          ///< marked down by its probes, until one succeeds
+    /// Avoided: a failed request marked it (until down_until), or its probes.
+    bool down(std::chrono::steady_clock::time_point now) const {
+      return probe_down || down_until > now;
+    }
     std::uint64_t queued_tokens = 0; ///< prompt tokens sent, first token not seen
     std::uint32_t decoding = 0;      ///< first token seen, not finished
     double scale = 1;                ///< learnt (first_token)

@@ -58,7 +58,8 @@ std::string kv_replicas_json(const router_core& core, const router_stats& stats,
         e["kv_cache_usage"] = r.engine_kv_usage_permille / 1000.0;
       o["engine_load"] = std::move(e);
     }
-    o["down"] = r.down_until > now;
+    o["down"] = r.down(now);
+    o["probe_down"] = r.probe_down;
     o["index_check"] = json::object{{"distrusted", r.distrusted},
                                     {"recent_answers", r.checks_seen},
                                     {"recent_shortfalls", r.recent_shortfalls()},
@@ -199,6 +200,12 @@ void append_router_metrics(wire::metrics_text& m, const router_core& core,
   m.counter("llmgw_kv_updates_ignored_total",
             "Agent changes ignored: from an older epoch, or before a full copy.",
             static_cast<double>(stats.unexpected_updates), {{"reason", "before_full_copy"}});
+  m.gauge("llmgw_kv_watched_predictions",
+          "Predictions of cached tokens waiting for their answer (each routed request's).",
+          static_cast<double>(core.kv().watching()));
+  m.counter("llmgw_kv_watch_refusals_total",
+            "Predictions not watched because too many were (answers that never came back).",
+            static_cast<double>(core.kv().watch_refusals()));
   m.gauge("llmgw_kv_index_entries", "(block, replica rank, medium) entries in the block index.",
           static_cast<double>(core.kv().blocks().entries()));
   m.gauge("llmgw_kv_index_bytes", "Heap bytes of the block index.",
@@ -207,6 +214,9 @@ void append_router_metrics(wire::metrics_text& m, const router_core& core,
   for (const auto& r : core.replicas()) {
     m.gauge("llmgw_replica_outstanding", "Requests in flight per replica.", r.outstanding,
             {{"replica", r.name}});
+    m.gauge("llmgw_replica_up",
+            "0 while the replica is avoided (failed requests, or failed health probes).",
+            r.down(now) ? 0 : 1, {{"replica", r.name}});
     m.gauge("llmgw_replica_queued_tokens",
             "Prompt tokens this gateway sent per replica whose first token has not come back.",
             static_cast<double>(r.queued_tokens), {{"replica", r.name}});

@@ -55,9 +55,15 @@ void shared_router::finished(const request_progress& p, bool started,
   core_.finished(p, started, reported_cached);
 }
 
-void shared_router::mark_down(const std::string& replica, std::chrono::milliseconds how_long) {
+bool shared_router::probe_result(const std::string& replica, bool ok) {
   std::lock_guard<std::mutex> g(mtx_);
-  core_.mark_down(replica, std::chrono::steady_clock::now() + how_long);
+  return core_.probe_result(replica, ok);
+}
+
+void shared_router::mark_down(const std::string& replica, std::chrono::milliseconds how_long,
+                              bool unreachable) {
+  std::lock_guard<std::mutex> g(mtx_);
+  core_.mark_down(replica, std::chrono::steady_clock::now() + how_long, unreachable);
 }
 
 void shared_router::append_metrics(wire::metrics_text& out) {

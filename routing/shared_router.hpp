@@ -39,8 +39,12 @@ public:
   void finished(const request_progress& p, bool started,
                 std::optional<std::uint64_t> reported_cached = std::nullopt);
 
+  /// A health probe of `replica` succeeded or failed (router_core).
+  bool probe_result(const std::string& replica, bool ok);
+
   /// Avoid `replica` for `how_long` (it refused or failed a request).
-  void mark_down(const std::string& replica, std::chrono::milliseconds how_long);
+  void mark_down(const std::string& replica, std::chrono::milliseconds how_long,
+                 bool unreachable = true);
 
   /// Appends the router's metrics (append_router_metrics), holding the lock.
   void append_metrics(wire::metrics_text& out);

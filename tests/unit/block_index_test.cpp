@@ -325,23 +325,39 @@ TEST(replica_index, an_answer_that_lacked_watched_blocks_drops_them_unless_store
     {1, kv::medium::gpu}, {2, kv::medium::gpu}, {3, kv::medium::gpu}, {4, kv::medium::gpu}};
   idx.apply({"r0", 0, 0, true, kv::parity_state::verified, &held, nullptr}, t0);
   auto h = *idx.find("r0", 0);
+  auto fingerprint = idx.info(h).fingerprint;
   std::vector<wire::block_key> prompt{1, 2, 3, 4, 5};
   EXPECT_EQ(idx.leading_confirmed(h, prompt.data(), prompt.size()), 4u);
   auto w = idx.watch(h, prompt.data(), 4);
   ASSERT_NE(w, 0u);
   EXPECT_EQ(idx.watching(), 1u);
   // Its own prefill recomputed 3 and the engine stored it again; 4 it did
-  // not (its event was lost, or it is still on its way).
+  // not yet say.
   std::vector<kv::block_ref> restored{{3, kv::medium::gpu}};
   idx.apply({"r0", 0, 0, false, kv::parity_state::verified, &restored, nullptr}, t0);
-  EXPECT_EQ(idx.settle(w, 2), 1u) << "the engine found 1 and 2 only";
+  EXPECT_EQ(idx.settle(w, 2), std::optional<std::size_t>(1)) << "the engine found 1 and 2 only";
   EXPECT_TRUE(idx.blocks().holds(2, h, kv::medium::gpu));
   EXPECT_TRUE(idx.blocks().holds(3, h, kv::medium::gpu)) << "stored since: the engine holds it";
   EXPECT_FALSE(idx.blocks().holds(4, h, kv::medium::gpu)) << "claimed, lacking: dropped";
   EXPECT_EQ(idx.info(h).shortfall_drops, 1u);
-  EXPECT_EQ(idx.info(h).fingerprint, fingerprint_of(idx.blocks().blocks_of(h)));
+  EXPECT_EQ(idx.info(h).fingerprint, fingerprint)
+    << "the fingerprint is what the events said: the mirror still holds 4";
+  EXPECT_EQ(idx.info(h).suppressed, 1u);
   EXPECT_EQ(idx.watching(), 0u);
-  EXPECT_EQ(idx.settle(w, 0), 0u) << "a watch is settled once";
+  EXPECT_FALSE(idx.settle(w, 0).has_value()) << "a watch is settled once";
+  // The engine's store of 4 arrives late: routed on again, counted once.
+  std::vector<kv::block_ref> late{{4, kv::medium::gpu}};
+  idx.apply({"r0", 0, 0, false, kv::parity_state::verified, &late, nullptr}, t0);
+  EXPECT_TRUE(idx.blocks().holds(4, h, kv::medium::gpu));
+  EXPECT_EQ(idx.info(h).fingerprint, fingerprint);
+  EXPECT_EQ(idx.info(h).suppressed, 0u);
+  // Dropped again, then the events remove it: out of the fingerprint too.
+  auto v = idx.watch(h, prompt.data(), 4);
+  EXPECT_EQ(idx.settle(v, 3), std::optional<std::size_t>(1));
+  idx.apply({"r0", 0, 0, false, kv::parity_state::verified, nullptr, &late}, t0);
+  EXPECT_EQ(idx.info(h).suppressed, 0u);
+  EXPECT_EQ(idx.info(h).fingerprint, fingerprint_of(idx.blocks().blocks_of(h)));
+  EXPECT_EQ(idx.blocks().count(h), 3u);
 }
 
 TEST(replica_index, a_watch_ends_without_effect_after_a_reset_or_unwatch) {
@@ -354,35 +370,40 @@ TEST(replica_index, a_watch_ends_without_effect_after_a_reset_or_unwatch) {
   EXPECT_EQ(idx.leading_confirmed(h, prompt.data(), 2), 2u) << "any medium counts";
   auto w = idx.watch(h, prompt.data(), 2);
   idx.apply({"r0", 0, 1, true, kv::parity_state::verified, &held, nullptr}, t0);
-  EXPECT_EQ(idx.settle(w, 0), 0u) << "a full copy since is the engine's truth";
+  EXPECT_FALSE(idx.settle(w, 0).has_value()) << "a full copy since is the engine's truth";
   EXPECT_EQ(idx.blocks().count(h), 2u);
   auto v = idx.watch(h, prompt.data(), 2);
   idx.unwatch(v);
   EXPECT_EQ(idx.watching(), 0u);
-  EXPECT_EQ(idx.settle(v, 0), 0u) << "an ended watch drops nothing";
+  EXPECT_FALSE(idx.settle(v, 0).has_value()) << "an ended watch drops nothing";
   EXPECT_EQ(idx.blocks().count(h), 2u);
   auto u = idx.watch(h, prompt.data(), 2);
-  EXPECT_EQ(idx.settle(u, 0), 2u) << "both media of a lacking block go";
+  EXPECT_EQ(idx.settle(u, 0), std::optional<std::size_t>(2)) << "a block on any medium goes";
   EXPECT_FALSE(idx.blocks().holds(2, h, kv::medium::cpu));
   EXPECT_EQ(idx.watch(h, prompt.data(), 0), 0u) << "nothing to watch";
 }
 
-TEST(replica_index, speculative_blocks_are_not_confirmed_claims) {
+TEST(replica_index, speculative_entries_are_not_confirmed_claims_and_stay_after_a_shortfall) {
   replica_index idx;
   auto t0 = std::chrono::steady_clock::now();
   using namespace std::chrono_literals;
-  std::vector<kv::block_ref> held{{1, kv::medium::gpu}};
+  // Block 1 is held on CPU only, 2 on GPU; 3 and 4 are new.
+  std::vector<kv::block_ref> held{{1, kv::medium::cpu}, {2, kv::medium::gpu}};
   idx.apply({"r0", 0, 0, true, kv::parity_state::verified, &held, nullptr}, t0);
   auto h = *idx.find("r0", 0);
-  std::vector<wire::block_key> prompt{1, 2, 3};
+  std::vector<wire::block_key> prompt{1, 2, 3, 4};
+  // As the router does: watch the confirmed run, then speculate the prompt.
+  auto confirmed = idx.leading_confirmed(h, prompt.data(), prompt.size());
+  EXPECT_EQ(confirmed, 2u);
+  auto w = idx.watch(h, prompt.data(), confirmed);
   idx.speculate(h, prompt.data(), prompt.size(), t0 + 5s);
-  EXPECT_EQ(idx.leading_confirmed(h, prompt.data(), prompt.size()), 1u)
-    << "2 and 3 are the router's guess, not the engine's word";
-  // A speculative block entered after a watch is a later decision's: an
-  // answer lacking it does not drop it.
-  std::vector<wire::block_key> other{9};
-  auto w = idx.watch(h, other.data(), 1);
-  idx.speculate(h, other.data(), 1, t0 + 5s);
-  EXPECT_EQ(idx.settle(w, 0), 0u);
-  EXPECT_TRUE(idx.blocks().holds(9, h, kv::medium::gpu));
+  EXPECT_EQ(idx.info(h).speculative, 3u) << "1 on GPU, 3 and 4: the prefill computes them";
+  EXPECT_EQ(idx.leading_confirmed(h, prompt.data(), prompt.size()), 2u)
+    << "a CPU copy is the engine's word even beside a GPU guess; 3 is only a guess";
+  // The engine found nothing: its CPU copy of 1 and its GPU 2 were gone.
+  EXPECT_EQ(idx.settle(w, 0), std::optional<std::size_t>(2));
+  EXPECT_FALSE(idx.blocks().holds(1, h, kv::medium::cpu));
+  EXPECT_FALSE(idx.blocks().holds(2, h, kv::medium::gpu));
+  EXPECT_TRUE(idx.blocks().holds(1, h, kv::medium::gpu))
+    << "the speculative GPU entry stays: the prefill that lacked it computed it";
 }

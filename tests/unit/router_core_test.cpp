@@ -514,20 +514,23 @@ TEST(router_core, persistent_shortfalls_distrust_a_replica_until_its_answers_agr
   EXPECT_FALSE(score_of(d, "r1").by_kv) << "tier 1 scores it";
   EXPECT_EQ(d.tier, route_tier::load) << "no tier-1 memory, no trusted holder of the prompt";
   EXPECT_EQ(score_of(d, "r1").kv_blocks, 4u) << "what the index says is still reported";
-  if (d.replica == "r1") {
-    EXPECT_EQ(d.predicted_cached_tokens, 16u) << "and checked against the answer";
-  }
-  // Right answers bring it back once at most 4 of the last 32 fell short.
-  int rounds = 0;
-  while (rc.replicas()[1].distrusted && rounds < 100) {
+  // Right answers bring it back once at most 4 of the last 32 fell short;
+  // its answers are checked against what the index would have predicted.
+  int from_r1 = 0;
+  for (int i = 0; i < 400 && rc.replicas()[1].distrusted; ++i) {
     auto e = rc.decide(long_query(4), t0);
-    if (e.replica == "r1") // tier 1 now routes; only r1's answers check r1
-      ++rounds;
+    if (e.replica == "r1") { // tier 1 routes now: equal costs go in turn
+      ++from_r1;
+      EXPECT_EQ(e.predicted_cached_tokens, 16u);
+      EXPECT_NE(e.watch, 0u);
+    } else {
+      EXPECT_EQ(e.watch, 0u) << "the others hold nothing";
+    }
     rc.finished(progress_of(e), false, e.predicted_cached_tokens);
   }
+  EXPECT_GT(from_r1, 0);
   EXPECT_FALSE(rc.replicas()[1].distrusted);
   EXPECT_LE(rc.replicas()[1].recent_shortfalls(), 4u);
-  EXPECT_GT(rounds, 0);
   EXPECT_EQ(route(rc, long_query(4), t0).tier, route_tier::kv);
   EXPECT_EQ(rc.kv().blocks().count(h), 4u);
 }
@@ -561,4 +564,70 @@ TEST(router_core, a_share_of_zero_never_distrusts) {
   }
   EXPECT_FALSE(rc.replicas()[1].distrusted);
   EXPECT_EQ(rc.replicas()[1].recent_shortfalls(), 32u);
+}
+
+TEST(router_core, an_answer_about_a_state_reset_since_is_not_checked) {
+  router_core rc(four_replicas());
+  hold(rc, "r1", first_blocks(4));
+  auto d = rc.decide(long_query(4), t0);
+  ASSERT_EQ(d.replica, "r1");
+  hold(rc, "r1", first_blocks(4)); // a full copy arrives meanwhile
+  rc.finished(progress_of(d), false, 0);
+  EXPECT_EQ(rc.replicas()[1].checks_seen, 0u);
+  EXPECT_EQ(rc.kv().blocks().count(*rc.kv().find("r1", 0)), 4u) << "nothing dropped";
+}
+
+TEST(router_core, with_several_ranks_the_checked_rank_is_the_one_the_engine_is_told) {
+  auto t = four_replicas();
+  t.nodes[0].engines[1].dp_size = 2;
+  t.router.distrust_shortfall_share = 0.25;
+  router_core rc(t);
+  for (const char* r : {"r0", "r2", "r3"})
+    hold(rc, r, gpu({}));
+  hold(rc, "r1", gpu({}), 0);
+  hold(rc, "r1", first_blocks(4), 1);
+  auto d = rc.decide(long_query(4), t0);
+  ASSERT_EQ(d.replica, "r1");
+  EXPECT_EQ(d.dp_rank, 1);
+  EXPECT_NE(d.watch, 0u);
+  rc.finished(progress_of(d), false, 16);
+  // Distrusted, tier 1 routes it; the rank is still told, so it is checked.
+  for (int i = 0; i < 32; ++i) {
+    auto e = rc.decide(long_query(4), t0);
+    rc.finished(progress_of(e), false, 0);
+    hold(rc, "r1", first_blocks(4), 1);
+  }
+  ASSERT_TRUE(rc.replicas()[1].distrusted);
+  bool checked = false;
+  for (int i = 0; i < 40 && !checked; ++i) {
+    auto e = rc.decide(long_query(4), t0);
+    if (e.replica == "r1") {
+      EXPECT_NE(e.tier, route_tier::kv);
+      EXPECT_EQ(e.dp_rank, 1) << "told, though tier 1 chose it";
+      EXPECT_NE(e.watch, 0u);
+      checked = true;
+    }
+    rc.finished(progress_of(e), false, e.predicted_cached_tokens);
+  }
+  EXPECT_TRUE(checked);
+}
+
+TEST(router_core, probes_mark_a_replica_down_and_a_success_ends_an_unreachable_mark) {
+  router_core rc(four_replicas());
+  EXPECT_FALSE(rc.probe_result("r1", false, t0)) << "one failure can be a hiccup";
+  EXPECT_FALSE(rc.replicas()[1].down(t0));
+  EXPECT_TRUE(rc.probe_result("r1", false, t0)) << "two in a row: down";
+  EXPECT_TRUE(rc.replicas()[1].down(t0 + 1h)) << "until a probe succeeds";
+  EXPECT_FALSE(rc.probe_result("r1", false, t0)) << "already down";
+  EXPECT_TRUE(rc.probe_result("r1", true, t0)) << "back";
+  EXPECT_FALSE(rc.replicas()[1].down(t0));
+  rc.mark_down("r1", t0 + 10s); // unreachable (a refused connection)
+  EXPECT_TRUE(rc.probe_result("r1", true, t0 + 1s)) << "it answers again: back at once";
+  EXPECT_FALSE(rc.replicas()[1].down(t0 + 1s));
+  rc.mark_down("r1", t0 + 10s, false); // server errors
+  EXPECT_FALSE(rc.probe_result("r1", true, t0 + 1s));
+  EXPECT_TRUE(rc.replicas()[1].down(t0 + 1s)) << "alive but failing: the mark lasts";
+  EXPECT_FALSE(rc.replicas()[1].down(t0 + 10s));
+  auto d = rc.decide(long_query(1), t0 + 1s);
+  EXPECT_NE(d.replica, "r1");
 }
