@@ -132,6 +132,11 @@ struct gateway_settings {
   std::size_t max_connections_per_client = 256;
   std::uint32_t max_attempts = 3;            ///< replicas tried before giving up
   std::chrono::milliseconds down_for{10000}; ///< a failed replica is avoided this long
+  /// Every replica's GET /health is probed this often (0: never). Two
+  /// failed probes in a row mark it down until one succeeds; a success
+  /// also ends a mark from failed requests.
+  std::chrono::milliseconds health_interval{2000};
+  std::chrono::milliseconds health_timeout{1000}; ///< a probe's answer, at most
   /// Gateway HTTP threads, each an event loop with its share of the
   /// connections and its own upstream connections (as nginx's workers).
   std::size_t threads = 1;

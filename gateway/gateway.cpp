@@ -1,6 +1,7 @@
 #include "gateway/gateway.hpp"
 
 #include "base/log.hpp"
+#include "gateway/health_probe.hpp"
 #include "gateway/proxy.hpp"
 #include "gateway/route.hpp"
 #include "net/http_client.hpp"
@@ -78,7 +79,10 @@ gateway::gateway(caf::actor_system& sys, std::shared_ptr<const config::topology>
                                             handle(std::move(req), std::move(respond));
                                           });
   error_ = server_->error();
-  if (!error_.empty() || admin_host.empty())
+  if (!error_.empty())
+    return;
+  prober_ = std::make_unique<health_prober>(topo_, upstreams_.front().second, plane_.shared_router);
+  if (admin_host.empty())
     return;
   // Probes and scrapes: few connections, small requests, no per-client cap
   // (a monitoring system may hold several), one thread.
@@ -107,6 +111,8 @@ void gateway::add_metrics(std::function<void(wire::metrics_text&)> f) {
 }
 
 void gateway::stop() {
+  if (prober_)
+    prober_->stop();
   server_->stop();
   if (admin_)
     admin_->stop();
@@ -190,6 +196,8 @@ std::string gateway::local_metrics() {
   wire::metrics_text m;
   plane_.shared_router->append_metrics(m);
   stats_->append(m);
+  if (prober_)
+    prober_->append_metrics(m);
   append_http_counters(m, server_->counters(), {{"listener", "gateway"}});
   if (admin_)
     append_http_counters(m, admin_->counters(), {{"listener", "admin"}});

@@ -8,6 +8,7 @@
 //
 // Endpoints:
 //   GET  /healthz          the node is up
+// It probes every replica's GET /health (gateway/health_probe.hpp).
 //   GET  /metrics          Prometheus text: router, control and HTTP counters
 //   GET  /v1/models        models and LoRA adapters of the topology
 //   GET  /v1/kv/replicas   what the index holds per replica
@@ -38,6 +39,7 @@
 
 namespace llmgw {
 
+class health_prober;
 class http_client;
 class io_loop;
 struct proxy_stats;
@@ -90,6 +92,7 @@ private:
   std::vector<std::pair<const io_loop*, std::shared_ptr<http_client>>> upstreams_;
   std::unique_ptr<http_server> server_;
   std::unique_ptr<http_server> admin_;
+  std::unique_ptr<health_prober> prober_; ///< probes the replicas (gateway/health_probe.hpp)
   std::string error_;
   std::mutex extra_mtx_;
   std::function<void(wire::metrics_text&)> extra_metrics_;

@@ -4,6 +4,7 @@
 
 #include "base/log.hpp"
 #include "routing/shared_router.hpp"
+#include "wire/openai_request.hpp"
 
 #include <algorithm>
 #include <optional>
@@ -90,6 +91,17 @@ bool end_to_end(std::string_view name, const std::vector<std::string_view>& name
                       [name](std::string_view n) { return iequals(n, name); });
 }
 
+/// A replica's answer that another replica may do better: a server error,
+/// not one that says the request itself cannot be served (501, 505).
+bool retryable_status(int status) {
+  return status >= 500 && status <= 599 && status != 501 && status != 505;
+}
+
+/// Server errors in a row after which a replica is marked down: one could
+/// be the request's fault (every replica would fail it), three are the
+/// replica's.
+constexpr std::uint32_t server_errors_to_mark_down = 3;
+
 double since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
@@ -120,6 +132,12 @@ private:
   }
 
   void on_decision(const routing::route_decision& d) {
+    if (d.replica.empty() && held_) { // every replica was tried: the last server error
+      auto status = held_->status;
+      respond_(std::move(*held_));
+      count(status);
+      return;
+    }
     if (d.replica.empty()) {
       if (!last_error_.empty())
         return finish_error(502, "BadGatewayError",
@@ -175,8 +193,11 @@ private:
 
   void on_head(int status, const std::vector<std::pair<std::string, std::string>>& headers) {
     std::lock_guard<std::mutex> g(mtx_);
-    head_ = true;
     status_ = status;
+    // A server error is held back (its body is small) until it is known
+    // whether another replica can answer instead: nothing is relayed yet.
+    server_error_ = retryable_status(status);
+    head_ = !server_error_;
     std::string content_type = "application/json";
     bool chunked = false;
     auto named = connection_options(headers);
@@ -191,7 +212,7 @@ private:
     relay_headers_.emplace_back("x-llmgw-replica", decision_.replica);
     relay_headers_.emplace_back("x-llmgw-tier", routing::to_string(decision_.tier));
     content_type_ = content_type;
-    streaming_ = chunked || content_type.rfind("text/event-stream", 0) == 0;
+    streaming_ = !server_error_ && (chunked || content_type.rfind("text/event-stream", 0) == 0);
     if (streaming_) {
       stream_ = respond_.stream(status, content_type, std::move(relay_headers_));
       {
@@ -238,7 +259,13 @@ private:
     call_.reset();
     if (gone_)
       return;
+    if (err.ok() && server_error_ && retry_server_error(g))
+      return;
     if (err.ok()) {
+      if (!server_error_) {
+        std::lock_guard<std::mutex> s(ctx_.stats->mtx);
+        ctx_.stats->server_errors_in_row.erase(decision_.replica);
+      }
       note_cache_accuracy();
       if (streaming_) {
         stream_->end();
@@ -267,8 +294,16 @@ private:
                 burst_note(n));
     if (head_) {
       if (streaming_) {
-        stream_->end();
-        auto status = status_;
+        // A stream that cannot finish must not look finished: an error
+        // event in OpenAI's shape (the openai client raises on it), then
+        // the connection drops without the last chunk.
+        stream_->write("data: "
+                       + wire::openai_error_json("replica " + decision_.replica
+                                                   + " failed mid-response: " + err.message,
+                                                 "BadGatewayError", 502)
+                       + "\n\n");
+        stream_->fail();
+        auto status = status_; // what the client was told (the failure is counted above)
         g.unlock();
         count(status);
       } else {
@@ -294,6 +329,46 @@ private:
     }
     g.unlock();
     route();
+  }
+
+  /// The replica answered a server error: counted, and the replica marked
+  /// down after server_errors_to_mark_down in a row. Returns true when the
+  /// request went to another replica; false when the answer is to be relayed
+  /// (no attempt left).
+  bool retry_server_error(std::unique_lock<std::mutex>& g) {
+    bool down = false;
+    {
+      std::lock_guard<std::mutex> s(ctx_.stats->mtx);
+      ++ctx_.stats->failures[{decision_.replica, "server_error"}];
+      auto& n = ctx_.stats->server_errors_in_row[decision_.replica];
+      down = ++n >= server_errors_to_mark_down;
+      if (down)
+        n = 0;
+    }
+    if (auto n = ctx_.stats->failure_log.admit(decision_.replica + "/server_error"))
+      LLMGW_LOG(warning, "gateway", "replica {} answered {}{}{}", decision_.replica, status_,
+                down ? ": marked down" : "", burst_note(n));
+    if (down)
+      ctx_.plane.shared_router->mark_down(decision_.replica, ctx_.topo->gateway.down_for, false);
+    last_error_ = "replica " + decision_.replica + " answered " + std::to_string(status_);
+    if (tried_.size() >= ctx_.topo->gateway.max_attempts)
+      return false;
+    {
+      std::lock_guard<std::mutex> s(ctx_.stats->mtx);
+      ++ctx_.stats->retries;
+    }
+    // The next attempt starts afresh; this answer is relayed if no other
+    // replica is left to try.
+    held_ = http_reply{status_, content_type_, std::move(body_), std::move(relay_headers_)};
+    server_error_ = false;
+    status_ = 0;
+    body_.clear();
+    relay_headers_.clear();
+    content_type_.clear();
+    reported_cached_.reset();
+    g.unlock();
+    route();
+    return true;
   }
 
   void client_left() {
@@ -360,6 +435,8 @@ private:
   bool head_ = false;
   bool streaming_ = false;
   bool gone_ = false;
+  bool server_error_ = false;      ///< the current attempt answered 5xx, held back
+  std::optional<http_reply> held_; ///< an earlier attempt's server error
 };
 
 } // namespace

@@ -49,6 +49,9 @@ struct proxy_stats {
   };
   std::map<std::string, cache_accuracy> accuracy;
   burst_log failure_log; ///< replica failures are logged once per burst
+  /// Per replica, the server errors (5xx) it answered since its last other
+  /// answer: at server_errors_to_mark_down it is marked down.
+  std::map<std::string, std::uint32_t> server_errors_in_row;
 
   void append(wire::metrics_text& m) const;
 };

@@ -337,6 +337,11 @@ public:
     pump();
   }
 
+  void stream_fail() {
+    queue_.push_back({piece::broken, {}});
+    pump();
+  }
+
   executor get_executor() { return socket_.get_executor(); }
 
   /// Drops the connection mid-answer.
@@ -367,7 +372,7 @@ public:
   }
 
 private:
-  enum class piece { header, chunk, last };
+  enum class piece { header, chunk, last, broken };
   struct queued {
     piece what;
     std::string data;
@@ -654,6 +659,12 @@ private:
         return self->answer_done(true);
       self->pump();
     };
+    if (front.what == piece::broken) {
+      // What was queued before is out: drop the connection mid-answer.
+      writing_ = false;
+      queue_.pop_front();
+      return abort();
+    }
     if (front.what == piece::last && http10_) {
       // A close-delimited stream ends with the connection (answer_done).
       writing_ = false;
@@ -860,6 +871,12 @@ void http_stream::end() const {
   if (x_->ended.exchange(true))
     return;
   x_->run([](session& s) { s.stream_end(); });
+}
+
+void http_stream::fail() const {
+  if (x_->ended.exchange(true))
+    return;
+  x_->run([](session& s) { s.stream_fail(); });
 }
 
 void http_stream::abort() const {

@@ -80,6 +80,11 @@ public:
   /// sees a broken stream (an engine that died mid-answer).
   void abort() const;
 
+  /// Like abort(), but once what was written is out: the client gets the
+  /// last words (an error event, say), then a stream that never ends
+  /// properly (no last chunk), which every HTTP/1.1 client takes as failed.
+  void fail() const;
+
   /// True once the client disconnected.
   bool client_gone() const;
 

@@ -391,6 +391,8 @@ struct capture_tokenizer {
                                            "vllm:num_requests_running{engine=\"0\"} 3\n"
                                            "vllm:num_requests_waiting{engine=\"0\"} 2\n",
                                            {}});
+        if (req.method == "GET" && req.target == "/health") // the gateway's probe
+          return respond(llmgw::http_reply{200, "application/json", "{}", {}});
         ++calls;
         auto body = json::parse(req.body).as_object();
         std::string text;

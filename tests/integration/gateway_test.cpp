@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <future>
+#include <set>
 #include <thread>
 
 using namespace std::chrono_literals;
@@ -35,7 +36,7 @@ struct sys_config : caf::actor_system_config {
 
 /// A stand-in engine: records requests, answers as told.
 struct fake_engine {
-  enum class mode { json, sse, fail_mid_stream, hang };
+  enum class mode { json, sse, server_error, fail_mid_stream, hang };
   std::atomic<mode> how{mode::json};
   /// Cached prompt tokens a JSON answer reports (vLLM's usage), or -1: none.
   std::atomic<int> cached_tokens{-1};
@@ -83,6 +84,16 @@ struct fake_engine {
             s.end();
           });
           break;
+        case mode::server_error: // alive (its health says so), failing every request
+          if (req.target == "/health") {
+            respond(http_reply{200, "application/json", "{}", {}});
+            break;
+          }
+          respond(http_reply{500,
+                             "application/json",
+                             R"({"error":{"message":"CUDA error","code":500}})",
+                             {{"x-engine", name}}});
+          break;
         case mode::fail_mid_stream:
           workers.emplace_back([respond] {
             auto s = respond.stream(200, "text/event-stream");
@@ -103,11 +114,17 @@ struct fake_engine {
       w.join();
   }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(server->port()); }
-  /// Requests seen, /tokenize calls left out.
+  /// Requests seen, /tokenize calls and health probes left out.
   std::size_t requests() {
     std::lock_guard<std::mutex> g(mtx);
-    return static_cast<std::size_t>(std::count_if(
-      seen.begin(), seen.end(), [](const auto& r) { return r.target != "/tokenize"; }));
+    return static_cast<std::size_t>(std::count_if(seen.begin(), seen.end(), [](const auto& r) {
+      return r.target != "/tokenize" && r.target != "/health";
+    }));
+  }
+  std::size_t probes() {
+    std::lock_guard<std::mutex> g(mtx);
+    return static_cast<std::size_t>(
+      std::count_if(seen.begin(), seen.end(), [](const auto& r) { return r.target == "/health"; }));
   }
   std::size_t tokenize_calls() {
     std::lock_guard<std::mutex> g(mtx);
@@ -137,6 +154,8 @@ struct gateway_test : ::testing::Test {
     topo->block_size = 4;
     topo->plaintext = true;
     topo->gateway.down_for = 60s;
+    topo->gateway.health_interval =
+      0ms; // probes would count as requests; tests that want them say so
     config::node_spec c;
     c.name = "control-1";
     c.roles.control = true;
@@ -311,12 +330,74 @@ TEST_F(gateway_test, a_replica_that_refuses_is_skipped_and_marked_down) {
   EXPECT_EQ(e1.requests(), 4u);
 }
 
-TEST_F(gateway_test, a_failure_after_the_first_byte_cuts_the_response_short) {
+TEST_F(gateway_test, a_server_error_goes_to_another_replica_and_three_in_a_row_mark_it_down) {
+  e0.how = fake_engine::mode::server_error;
+  int sent = 0;
+  auto one = [&] {
+    auto a = post("/v1/completions", body_ids);
+    ++sent;
+    EXPECT_EQ(a.status, 200) << "e1 answered instead: " << a.body;
+    EXPECT_NE(a.headers.find("x-llmgw-replica: e1"), std::string::npos) << a.headers;
+  };
+  while (e0.requests() < 3 && sent < 40) // equal costs go in turn: e0 gets some
+    one();
+  ASSERT_EQ(e0.requests(), 3u);
+  for (int i = 0; i < 5; ++i)
+    one();
+  EXPECT_EQ(e0.requests(), 3u) << "three server errors in a row, then avoided while down";
+  EXPECT_EQ(e1.requests(), static_cast<std::size_t>(sent));
+  std::promise<http_response> p;
+  client.request("GET", base(), "/metrics", "", 5s,
+                 [&p](http_response r) { p.set_value(std::move(r)); });
+  auto metrics = p.get_future().get().body;
+  EXPECT_NE(
+    metrics.find("llmgw_upstream_failures_total{replica=\"e0\",reason=\"server_error\"} 3\n"),
+    std::string::npos)
+    << metrics;
+  EXPECT_NE(metrics.find("llmgw_upstream_retries_total 3\n"), std::string::npos) << metrics;
+}
+
+TEST_F(gateway_test, when_every_replica_answers_a_server_error_the_last_is_relayed) {
+  e0.how = e1.how = fake_engine::mode::server_error;
+  auto a = post("/v1/completions", body_ids);
+  EXPECT_EQ(a.status, 500);
+  EXPECT_NE(a.body.find("CUDA error"), std::string::npos) << "the engine's own words: " << a.body;
+  EXPECT_EQ(e0.requests() + e1.requests(), 2u) << "each tried once";
+  // A success clears a replica's count: errors must come in a row. Both
+  // answer once (equal costs go in turn), then two more errors each.
+  e0.how = e1.how = fake_engine::mode::json;
+  std::set<std::string> answered;
+  for (int i = 0; i < 10 && answered.size() < 2; ++i) {
+    auto ok = post("/v1/completions", body_ids);
+    ASSERT_EQ(ok.status, 200);
+    answered.insert(ok.headers.find("x-llmgw-replica: e0") != std::string::npos ? "e0" : "e1");
+  }
+  ASSERT_EQ(answered.size(), 2u);
+  auto before = e0.requests() + e1.requests();
+  e0.how = e1.how = fake_engine::mode::server_error;
+  EXPECT_EQ(post("/v1/completions", body_ids).status, 500);
+  EXPECT_EQ(post("/v1/completions", body_ids).status, 500);
+  EXPECT_EQ(e0.requests() + e1.requests(), before + 4) << "nobody was marked down";
+}
+
+TEST_F(gateway_test, a_stream_cut_short_ends_as_a_failure_the_client_notices) {
   e0.how = e1.how = fake_engine::mode::fail_mid_stream;
   auto a = post("/v1/completions", R"({"model": "m", "prompt": "x", "stream": true})");
   EXPECT_EQ(a.status, 200);
-  EXPECT_EQ(a.body, "data: {\"n\":1}\n\n") << "what was relayed stays; nothing is retried";
-  EXPECT_EQ(e0.requests() + e1.requests(), 1u);
+  const std::string relayed = "data: {\"n\":1}\n\n";
+  ASSERT_EQ(a.body.rfind(relayed, 0), 0u) << "what was relayed stays: " << a.body;
+  // Then an error event in OpenAI's shape (the openai client raises on it),
+  // and no [DONE].
+  auto rest = a.body.substr(relayed.size());
+  ASSERT_EQ(rest.rfind("data: ", 0), 0u) << rest;
+  ASSERT_GE(rest.size(), 8u);
+  auto event = json::parse(rest.substr(6, rest.size() - 8));
+  EXPECT_EQ(event.at("error").at("code"), 502) << rest;
+  EXPECT_NE(event.at("error").at("message").as_string().find("failed mid-response"),
+            std::string::npos);
+  EXPECT_EQ(a.body.find("[DONE]"), std::string::npos);
+  EXPECT_FALSE(a.error.empty()) << "the stream never ended properly: the client's read fails";
+  EXPECT_EQ(e0.requests() + e1.requests(), 1u) << "nothing is retried once bytes were relayed";
 }
 
 TEST_F(gateway_test, a_client_that_leaves_cancels_the_upstream_request) {
@@ -537,6 +618,63 @@ TEST_F(interim_gateway_test, expect_is_answered_by_the_gateway_and_never_forward
   EXPECT_EQ(heads[0].find("x-secret"), std::string::npos)
     << "a header the Connection header names is for one hop only: " << heads[0];
   EXPECT_NE(heads[0].find("x-kept: yes"), std::string::npos) << heads[0];
+}
+
+namespace {
+
+/// The gateway probes every replica's /health every 50 ms.
+struct gateway_probe_test : gateway_test {
+  void adjust(config::topology& t) const override {
+    t.gateway.health_interval = 50ms;
+    t.gateway.health_timeout = 50ms;
+  }
+  /// Whether /v1/kv/replicas says `replica` is down.
+  bool down(const std::string& replica) {
+    auto doc = replicas();
+    for (const auto& r : doc.at("replicas").as_array())
+      if (r.at("replica") == replica.c_str())
+        return r.at("down").as_bool();
+    ADD_FAILURE() << replica << " is not listed";
+    return false;
+  }
+};
+
+} // namespace
+
+TEST_F(gateway_probe_test,
+       a_frozen_replica_is_avoided_before_clients_find_it_and_back_when_it_answers) {
+  e0.how = fake_engine::mode::hang; // accepts, never answers
+  ASSERT_TRUE(test::eventually([&] { return down("e0"); }, 5s)) << "two probes timed out";
+  EXPECT_GE(e0.probes(), 2u);
+  EXPECT_FALSE(down("e1"));
+  for (int i = 0; i < 3; ++i) {
+    auto a = post("/v1/completions", body_ids);
+    EXPECT_EQ(a.status, 200);
+    EXPECT_NE(a.headers.find("x-llmgw-replica: e1"), std::string::npos) << a.headers;
+  }
+  EXPECT_EQ(e0.requests(), 0u) << "no client request waited on the frozen engine";
+  e0.how = fake_engine::mode::json;
+  EXPECT_TRUE(test::eventually([&] { return !down("e0"); }, 5s)) << "a probe succeeded";
+}
+
+TEST_F(gateway_probe_test, server_errors_keep_a_replica_down_though_its_probes_succeed) {
+  e0.how = fake_engine::mode::server_error; // its /health answers 200
+  int sent = 0;
+  while (e0.requests() < 3 && sent++ < 40)
+    EXPECT_EQ(post("/v1/completions", body_ids).status, 200);
+  ASSERT_EQ(e0.requests(), 3u);
+  EXPECT_TRUE(down("e0")) << "marked down for mark_down_ms, 60 s here";
+  auto probes = e0.probes();
+  ASSERT_TRUE(test::eventually([&] { return e0.probes() >= probes + 3; }, 5s));
+  EXPECT_TRUE(down("e0")) << "a live engine that fails requests stays avoided";
+  std::promise<http_response> p;
+  client.request("GET", base(), "/metrics", "", 5s,
+                 [&p](http_response r) { p.set_value(std::move(r)); });
+  auto metrics = p.get_future().get().body;
+  EXPECT_NE(metrics.find("llmgw_health_probes_total{replica=\"e1\",outcome=\"ok\"}"),
+            std::string::npos)
+    << metrics;
+  EXPECT_NE(metrics.find("llmgw_replica_up{replica=\"e0\"} 0\n"), std::string::npos) << metrics;
 }
 
 namespace {

@@ -1,0 +1,118 @@
+#include "gateway/health_probe.hpp"
+
+#include "base/log.hpp"
+#include "net/http_client.hpp"
+#include "routing/shared_router.hpp"
+#include "wire/metrics_text.hpp"
+
+#include <atomic>
+#include <vector>
+
+namespace llmgw {
+
+struct health_prober::state {
+  std::shared_ptr<const config::topology> topo;
+  std::shared_ptr<http_client> client;
+  std::shared_ptr<routing::shared_router> router;
+  std::mutex mtx;
+  std::condition_variable wake;
+  bool stopping = false;
+  struct target {
+    std::string replica;
+    std::string url;
+    bool in_flight = false;
+    std::uint64_t ok = 0;
+    std::uint64_t failed = 0;
+  };
+  std::vector<target> targets; ///< guarded by mtx
+
+  /// One probe's outcome, on the client's loop.
+  void answered(std::size_t i, const http_response& r) {
+    bool ok = r.status == 200;
+    std::string replica;
+    {
+      std::lock_guard<std::mutex> g(mtx);
+      auto& t = targets[i];
+      t.in_flight = false;
+      ++(ok ? t.ok : t.failed);
+      if (stopping)
+        return;
+      replica = t.replica;
+    }
+    if (!router->probe_result(replica, ok))
+      return;
+    if (ok)
+      LLMGW_LOG(info, "gateway", "replica {} answers its health probe again: routed to", replica);
+    else
+      LLMGW_LOG(warning, "gateway",
+                "replica {} failed its health probes ({}): avoided until one succeeds", replica,
+                log::printable(r.status != 0 ? "status " + std::to_string(r.status) : r.error));
+  }
+};
+
+health_prober::health_prober(std::shared_ptr<const config::topology> topo,
+                             std::shared_ptr<http_client> client,
+                             std::shared_ptr<routing::shared_router> router)
+  : state_(std::make_shared<state>()) {
+  state_->topo = std::move(topo);
+  state_->client = std::move(client);
+  state_->router = std::move(router);
+  for (const auto& n : state_->topo->nodes)
+    for (const auto& e : n.engines)
+      state_->targets.push_back({e.replica, e.url});
+  if (state_->topo->gateway.health_interval.count() > 0 && !state_->targets.empty())
+    thread_ = std::thread([this] { run(); });
+}
+
+health_prober::~health_prober() {
+  stop();
+}
+
+void health_prober::stop() {
+  {
+    std::lock_guard<std::mutex> g(state_->mtx);
+    state_->stopping = true;
+  }
+  state_->wake.notify_all();
+  if (thread_.joinable())
+    thread_.join();
+}
+
+void health_prober::run() {
+  auto st = state_;
+  const auto& gw = st->topo->gateway;
+  std::unique_lock<std::mutex> g(st->mtx);
+  while (!st->stopping) {
+    for (std::size_t i = 0; i < st->targets.size(); ++i) {
+      auto& t = st->targets[i];
+      if (t.in_flight)
+        continue; // the last one has not ended yet (its timeout is near)
+      t.in_flight = true;
+      auto url = t.url;
+      g.unlock();
+      // The answer holds the state, not the prober: it may come after stop().
+      st->client->request("GET", url, "/health", {}, gw.health_timeout,
+                          [st, i](http_response r) { st->answered(i, r); });
+      g.lock();
+      if (st->stopping)
+        return;
+    }
+    st->wake.wait_for(g, gw.health_interval, [&] { return st->stopping; });
+  }
+}
+
+void health_prober::append_metrics(wire::metrics_text& m) const {
+  std::lock_guard<std::mutex> g(state_->mtx);
+  for (const auto& t : state_->targets) {
+    if (state_->topo->gateway.health_interval.count() == 0)
+      return;
+    m.counter("llmgw_health_probes_total",
+              "Health probes (GET /health) of each replica, by outcome.", static_cast<double>(t.ok),
+              {{"replica", t.replica}, {"outcome", "ok"}});
+    m.counter("llmgw_health_probes_total",
+              "Health probes (GET /health) of each replica, by outcome.",
+              static_cast<double>(t.failed), {{"replica", t.replica}, {"outcome", "failed"}});
+  }
+}
+
+} // namespace llmgw
