@@ -92,7 +92,7 @@ void health_prober::run() {
       g.unlock();
       // The answer holds the state, not the prober: it may come after stop().
       st->client->request("GET", url, "/health", {}, gw.health_timeout,
-                          [st, i](http_response r) { st->answered(i, r); });
+                          [st, i](const http_response& r) { st->answered(i, r); });
       g.lock();
       if (st->stopping)
         return;
