@@ -491,7 +491,8 @@ void read_gateway(checker& c, const toml::value& doc, gateway_settings& g) {
               {"max_body_bytes", "max_header_bytes", "read_timeout_ms", "idle_timeout_ms",
                "request_timeout_ms", "connect_timeout_ms", "max_connections",
                "max_connections_per_client", "max_buffered_body_mib", "max_attempts",
-               "mark_down_ms", "health_interval_ms", "health_timeout_ms", "threads"});
+               "mark_down_ms", "health_interval_ms", "health_timeout_ms", "drain_timeout_ms",
+               "threads"});
   c.read_number(*gw, "gateway", "max_body_bytes", 1024, std::int64_t{1} << 30, g.max_body_bytes);
   c.read_number(*gw, "gateway", "max_buffered_body_mib", 1, 1 << 20, g.max_buffered_body_mib);
   if (g.max_buffered_body_mib << 20 < g.max_body_bytes)
@@ -509,7 +510,13 @@ void read_gateway(checker& c, const toml::value& doc, gateway_settings& g) {
   c.read_number(*gw, "gateway", "max_attempts", 1, 16, g.max_attempts);
   c.read_ms(*gw, "gateway", "mark_down_ms", 0, 3600000, g.down_for);
   c.read_ms(*gw, "gateway", "health_interval_ms", 0, 3600000, g.health_interval);
+  if (g.health_interval.count() > 0 && g.health_interval.count() < 100)
+    c.problem(*c.find(*gw, "health_interval_ms"),
+              fmt::format("[gateway] health_interval_ms = {} probes too often: 0 (never) or at "
+                          "least 100",
+                          g.health_interval.count()));
   c.read_ms(*gw, "gateway", "health_timeout_ms", 10, 600000, g.health_timeout);
+  c.read_ms(*gw, "gateway", "drain_timeout_ms", 0, 3600000, g.drain_timeout);
   if (g.health_interval.count() > 0 && g.health_timeout > g.health_interval)
     c.problem(*gw, fmt::format("[gateway] health_timeout_ms = {} must not exceed "
                                "health_interval_ms = {}: a probe ends before the next",

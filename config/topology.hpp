@@ -137,6 +137,9 @@ struct gateway_settings {
   /// also ends a mark from failed requests.
   std::chrono::milliseconds health_interval{2000};
   std::chrono::milliseconds health_timeout{1000}; ///< a probe's answer, at most
+  /// On SIGTERM, requests in flight (streams too) may finish this long
+  /// while new ones are refused and /healthz says draining (0: stop at once).
+  std::chrono::milliseconds drain_timeout{30000};
   /// Gateway HTTP threads, each an event loop with its share of the
   /// connections and its own upstream connections (as nginx's workers).
   std::size_t threads = 1;

@@ -95,7 +95,8 @@ gateway::gateway(caf::actor_system& sys, std::shared_ptr<const config::topology>
       auto path = req.target.substr(0, req.target.find('?'));
       if (!handle_admin(path, req, respond))
         respond(error_reply(404, "NotFoundError",
-                            "the admin listener serves /healthz, /metrics and /v1/kv/replicas"));
+                            "the admin listener serves /healthz, /readyz, /metrics and "
+                            "/v1/kv/replicas"));
     });
   if (!admin_->error().empty())
     error_ = "admin listener: " + admin_->error();
@@ -116,6 +117,12 @@ void gateway::stop() {
   server_->stop();
   if (admin_)
     admin_->stop();
+}
+
+bool gateway::drain(std::chrono::milliseconds timeout) {
+  draining_ = true;
+  std::unique_lock<std::mutex> g(stats_->mtx);
+  return stats_->idle.wait_for(g, timeout, [this] { return stats_->in_flight == 0; });
 }
 
 std::shared_ptr<http_client> gateway::upstream_here() const {
@@ -175,7 +182,19 @@ bool gateway::handle_admin(const std::string& path, const http_request& req,
                            http_responder& respond) {
   if (path == "/healthz") {
     if (method_is(req, path, "GET", respond))
-      respond(json_reply(200, R"({"status":"ok"})"));
+      respond(draining_ ? json_reply(503, R"({"status":"draining"})")
+                        : json_reply(200, R"({"status":"ok"})"));
+    return true;
+  }
+  if (path == "/readyz") {
+    if (!method_is(req, path, "GET", respond))
+      return true;
+    auto why = draining_ ? std::string("draining") : plane_.shared_router->unready_reason();
+    json::object o;
+    o["status"] = why.empty() ? "ready" : "not ready";
+    if (!why.empty())
+      o["reason"] = why;
+    respond(json_reply(why.empty() ? 200 : 503, json::serialize(o)));
     return true;
   }
   if (path == "/metrics") {
@@ -242,7 +261,7 @@ void gateway::handle(http_request&& req, http_responder respond) {
   auto method_is = [&](const char* m) { return llmgw::method_is(req, path, m, respond); };
   // With an admin listener, what the node knows of its replicas and its
   // counters stays off the clients' port; health answers on both.
-  if ((!admin_ || path == "/healthz") && handle_admin(path, req, respond))
+  if ((!admin_ || path == "/healthz" || path == "/readyz") && handle_admin(path, req, respond))
     return;
   if (path == "/v1/models") {
     if (method_is("GET"))
@@ -252,6 +271,11 @@ void gateway::handle(http_request&& req, http_responder respond) {
   if (path == "/v1/completions" || path == "/v1/chat/completions") {
     if (!method_is("POST"))
       return;
+    if (draining_) {
+      respond(error_reply(503, "ServiceUnavailableError",
+                          "this gateway is draining (stopping): send the request to another"));
+      return;
+    }
     proxy_request(proxy_context{sys_, plane_, topo_, upstream_here(), stats_}, std::move(req),
                   std::move(respond), path,
                   path == "/v1/completions" ? wire::request_kind::completion

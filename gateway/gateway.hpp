@@ -7,8 +7,9 @@
 // connection's responder.
 //
 // Endpoints:
-//   GET  /healthz          the node is up
-// It probes every replica's GET /health (gateway/health_probe.hpp).
+//   GET  /healthz          the node is up (503 while draining)
+//   GET  /readyz           this gateway can route well: some replica is up
+//                          and its KV state known (503 and why not, else)
 //   GET  /metrics          Prometheus text: router, control and HTTP counters
 //   GET  /v1/models        models and LoRA adapters of the topology
 //   GET  /v1/kv/replicas   what the index holds per replica
@@ -16,6 +17,7 @@
 //                          proxied to the chosen replica (gateway/proxy.hpp)
 //   POST /v1/route         a completion or chat body: the decision and every
 //                          replica's tier-1 and tier-2 score, nothing proxied
+// It probes every replica's GET /health (gateway/health_probe.hpp).
 // Errors the gateway makes itself are OpenAI-style JSON. With an admin
 // address, a second listener with connections of its own serves /healthz,
 // /metrics and /v1/kv/replicas (and the gateway's port no longer serves the
@@ -32,6 +34,8 @@
 
 #include <caf/fwd.hpp>
 
+#include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -66,6 +70,12 @@ public:
   /// Stops serving; requests in flight get no answer.
   void stop();
 
+  /// Stops taking requests (new ones get 503; /healthz and /readyz say
+  /// draining, so load balancers send elsewhere) and waits until those in
+  /// flight are done, streams included: true, or `timeout` passed: false.
+  /// stop() afterwards.
+  bool drain(std::chrono::milliseconds timeout);
+
   /// Adds what `f` writes to /metrics (an agent's counters on a node with
   /// both roles).
   void add_metrics(std::function<void(wire::metrics_text&)> f);
@@ -94,6 +104,7 @@ private:
   std::unique_ptr<http_server> admin_;
   std::unique_ptr<health_prober> prober_; ///< probes the replicas (gateway/health_probe.hpp)
   std::string error_;
+  std::atomic<bool> draining_{false};
   std::mutex extra_mtx_;
   std::function<void(wire::metrics_text&)> extra_metrics_;
 };

@@ -5,14 +5,15 @@
 #include "routing/shared_router.hpp"
 #include "wire/metrics_text.hpp"
 
-#include <atomic>
 #include <vector>
 
 namespace llmgw {
 
 struct health_prober::state {
   std::shared_ptr<const config::topology> topo;
-  std::shared_ptr<http_client> client;
+  /// Weak: a probe's pending callback holds this state, and the client's
+  /// loop holds the callback; a strong reference back would be a cycle.
+  std::weak_ptr<http_client> client;
   std::shared_ptr<routing::shared_router> router;
   std::mutex mtx;
   std::condition_variable wake;
@@ -51,11 +52,11 @@ struct health_prober::state {
 };
 
 health_prober::health_prober(std::shared_ptr<const config::topology> topo,
-                             std::shared_ptr<http_client> client,
+                             const std::shared_ptr<http_client>& client,
                              std::shared_ptr<routing::shared_router> router)
   : state_(std::make_shared<state>()) {
   state_->topo = std::move(topo);
-  state_->client = std::move(client);
+  state_->client = client;
   state_->router = std::move(router);
   for (const auto& n : state_->topo->nodes)
     for (const auto& e : n.engines)
@@ -87,12 +88,16 @@ void health_prober::run() {
       auto& t = st->targets[i];
       if (t.in_flight)
         continue; // the last one has not ended yet (its timeout is near)
+      auto client = st->client.lock();
+      if (!client)
+        return; // the gateway is gone
       t.in_flight = true;
       auto url = t.url;
       g.unlock();
       // The answer holds the state, not the prober: it may come after stop().
-      st->client->request("GET", url, "/health", {}, gw.health_timeout,
-                          [st, i](const http_response& r) { st->answered(i, r); });
+      client->request("GET", url, "/health", {}, gw.health_timeout,
+                      [st, i](const http_response& r) { st->answered(i, r); });
+      client.reset();
       g.lock();
       if (st->stopping)
         return;
@@ -102,10 +107,10 @@ void health_prober::run() {
 }
 
 void health_prober::append_metrics(wire::metrics_text& m) const {
+  if (state_->topo->gateway.health_interval.count() == 0)
+    return;
   std::lock_guard<std::mutex> g(state_->mtx);
   for (const auto& t : state_->targets) {
-    if (state_->topo->gateway.health_interval.count() == 0)
-      return;
     m.counter("llmgw_health_probes_total",
               "Health probes (GET /health) of each replica, by outcome.", static_cast<double>(t.ok),
               {{"replica", t.replica}, {"outcome", "ok"}});

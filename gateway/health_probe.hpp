@@ -18,7 +18,6 @@
 
 #include <condition_variable>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -36,12 +35,14 @@ namespace wire {
 class metrics_text;
 } // namespace wire
 
+/// Probes every replica of a topology from its own thread (see the top).
 class health_prober {
 public:
   /// Starts probing every replica of `topo` through `client` (its answers
   /// arrive on the client's loop), reporting to `router`. Probes nothing
   /// when the topology's health_interval is 0.
-  health_prober(std::shared_ptr<const config::topology> topo, std::shared_ptr<http_client> client,
+  health_prober(std::shared_ptr<const config::topology> topo,
+                const std::shared_ptr<http_client>& client,
                 std::shared_ptr<routing::shared_router> router);
   ~health_prober();
   health_prober(const health_prober&) = delete;

@@ -112,7 +112,17 @@ public:
   proxied(const proxy_context& ctx, http_request&& req, http_responder respond, std::string path,
           wire::routing_request routing)
     : ctx_(ctx), req_(std::move(req)), respond_(std::move(respond)), path_(std::move(path)),
-      routing_(std::move(routing)), started_(std::chrono::steady_clock::now()) {}
+      routing_(std::move(routing)), started_(std::chrono::steady_clock::now()) {
+    std::lock_guard<std::mutex> s(ctx_.stats->mtx);
+    ++ctx_.stats->in_flight;
+  }
+  ~proxied() {
+    std::lock_guard<std::mutex> s(ctx_.stats->mtx);
+    if (--ctx_.stats->in_flight == 0)
+      ctx_.stats->idle.notify_all();
+  }
+  proxied(const proxied&) = delete;
+  proxied& operator=(const proxied&) = delete;
 
   void start() {
     std::weak_ptr<proxied> weak = shared_from_this(); // the responder must not own us
@@ -132,12 +142,8 @@ private:
   }
 
   void on_decision(const routing::route_decision& d) {
-    if (d.replica.empty() && held_) { // every replica was tried: the last server error
-      auto status = held_->status;
-      respond_(std::move(*held_));
-      count(status);
+    if (d.replica.empty() && relay_held()) // every replica was tried: the last server error
       return;
-    }
     if (d.replica.empty()) {
       if (!last_error_.empty())
         return finish_error(502, "BadGatewayError",
@@ -160,7 +166,15 @@ private:
     decision_.watch = d.watch;
     decision_.uncached_tokens = d.uncached_tokens;
     decision_.model_ms = d.model_ms;
+    // Each attempt starts afresh (an earlier one may have received a head).
     first_token_ = false;
+    server_error_ = false;
+    status_ = 0;
+    body_.clear();
+    scan_.clear();
+    relay_headers_.clear();
+    content_type_.clear();
+    reported_cached_.reset();
     tried_.push_back(d.replica);
     std::vector<std::pair<std::string, std::string>> headers;
     auto named = connection_options(req_.headers);
@@ -262,10 +276,8 @@ private:
     if (err.ok() && server_error_ && retry_server_error(g))
       return;
     if (err.ok()) {
-      if (!server_error_) {
-        std::lock_guard<std::mutex> s(ctx_.stats->mtx);
-        ctx_.stats->server_errors_in_row.erase(decision_.replica);
-      }
+      if (!server_error_)
+        blame_server_errors();
       note_cache_accuracy();
       if (streaming_) {
         stream_->end();
@@ -314,10 +326,16 @@ private:
       return;
     }
     // Nothing was relayed: avoid this replica for a while and try the next.
-    ctx_.plane.shared_router->mark_down(decision_.replica, ctx_.topo->gateway.down_for);
+    // One that refused a connection is back at its first good health probe;
+    // one that accepted and then failed (it may answer probes and hang on
+    // requests) stays avoided for mark_down_ms.
+    ctx_.plane.shared_router->mark_down(decision_.replica, ctx_.topo->gateway.down_for,
+                                        err.kind == http_failure::connect);
     last_error_ = "replica " + decision_.replica + ": " + err.message;
     if (tried_.size() >= ctx_.topo->gateway.max_attempts) {
       g.unlock();
+      if (relay_held())
+        return;
       finish_error(502, "BadGatewayError",
                    "tried " + std::to_string(tried_.size())
                      + " replicas; the last: " + last_error_);
@@ -331,25 +349,18 @@ private:
     route();
   }
 
-  /// The replica answered a server error: counted, and the replica marked
-  /// down after server_errors_to_mark_down in a row. Returns true when the
-  /// request went to another replica; false when the answer is to be relayed
-  /// (no attempt left).
+  /// The replica answered a server error: counted, and the request tried
+  /// elsewhere. Returns true when it went to another replica; false when
+  /// the answer is to be relayed (no attempt left).
   bool retry_server_error(std::unique_lock<std::mutex>& g) {
-    bool down = false;
     {
       std::lock_guard<std::mutex> s(ctx_.stats->mtx);
       ++ctx_.stats->failures[{decision_.replica, "server_error"}];
-      auto& n = ctx_.stats->server_errors_in_row[decision_.replica];
-      down = ++n >= server_errors_to_mark_down;
-      if (down)
-        n = 0;
     }
     if (auto n = ctx_.stats->failure_log.admit(decision_.replica + "/server_error"))
-      LLMGW_LOG(warning, "gateway", "replica {} answered {}{}{}", decision_.replica, status_,
-                down ? ": marked down" : "", burst_note(n));
-    if (down)
-      ctx_.plane.shared_router->mark_down(decision_.replica, ctx_.topo->gateway.down_for, false);
+      LLMGW_LOG(warning, "gateway", "replica {} answered {}{}", decision_.replica, status_,
+                burst_note(n));
+    server_errors_.push_back(decision_.replica);
     last_error_ = "replica " + decision_.replica + " answered " + std::to_string(status_);
     if (tried_.size() >= ctx_.topo->gateway.max_attempts)
       return false;
@@ -357,17 +368,56 @@ private:
       std::lock_guard<std::mutex> s(ctx_.stats->mtx);
       ++ctx_.stats->retries;
     }
-    // The next attempt starts afresh; this answer is relayed if no other
-    // replica is left to try.
+    // Relayed if no other replica is left to try.
     held_ = http_reply{status_, content_type_, std::move(body_), std::move(relay_headers_)};
-    server_error_ = false;
-    status_ = 0;
-    body_.clear();
-    relay_headers_.clear();
-    content_type_.clear();
-    reported_cached_.reset();
     g.unlock();
     route();
+    return true;
+  }
+
+  /// Another replica answered what the ones in server_errors_ failed with a
+  /// server error: theirs were their own fault, not the request's. Each
+  /// such error counts against its replica; server_errors_to_mark_down in a
+  /// row mark it down for mark_down_ms (a health probe does not end that:
+  /// the engine is alive and failing). A replica that answers clears its
+  /// count.
+  void blame_server_errors() {
+    std::vector<std::string> down;
+    {
+      std::lock_guard<std::mutex> s(ctx_.stats->mtx);
+      ctx_.stats->server_errors_in_row.erase(decision_.replica);
+      for (const auto& r : server_errors_) {
+        auto& n = ctx_.stats->server_errors_in_row[r];
+        if (++n >= server_errors_to_mark_down) {
+          n = 0;
+          down.push_back(r);
+        }
+      }
+    }
+    for (const auto& r : down) {
+      LLMGW_LOG(warning, "gateway",
+                "replica {} answered {} server errors in a row that others did not: avoided for "
+                "{} ms",
+                r, server_errors_to_mark_down, ctx_.topo->gateway.down_for.count());
+      ctx_.plane.shared_router->mark_down(r, ctx_.topo->gateway.down_for, false);
+    }
+  }
+
+  /// Relays an earlier attempt's server error, if there is one: every
+  /// replica failed the request, so nobody is blamed.
+  bool relay_held() {
+    if (!held_)
+      return false;
+    auto reply = std::move(*held_);
+    held_.reset();
+    auto status = reply.status;
+    {
+      std::lock_guard<std::mutex> g(mtx_);
+      if (gone_)
+        return true;
+    }
+    respond_(std::move(reply));
+    count(status);
     return true;
   }
 
@@ -435,8 +485,9 @@ private:
   bool head_ = false;
   bool streaming_ = false;
   bool gone_ = false;
-  bool server_error_ = false;      ///< the current attempt answered 5xx, held back
-  std::optional<http_reply> held_; ///< an earlier attempt's server error
+  bool server_error_ = false;              ///< the current attempt answered 5xx, held back
+  std::optional<http_reply> held_;         ///< an earlier attempt's server error
+  std::vector<std::string> server_errors_; ///< replicas that answered this one 5xx
 };
 
 } // namespace

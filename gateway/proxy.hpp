@@ -23,6 +23,7 @@
 #include "wire/metrics_text.hpp"
 #include "wire/openai_request.hpp"
 
+#include <condition_variable>
 #include <map>
 #include <mutex>
 
@@ -49,6 +50,10 @@ struct proxy_stats {
   };
   std::map<std::string, cache_accuracy> accuracy;
   burst_log failure_log; ///< replica failures are logged once per burst
+  /// Proxied requests not done yet (from the parsed request to the end of
+  /// its last attempt); `idle` is notified when none are left.
+  std::size_t in_flight = 0;
+  std::condition_variable idle;
   /// Per replica, the server errors (5xx) it answered since its last other
   /// answer: at server_errors_to_mark_down it is marked down.
   std::map<std::string, std::uint32_t> server_errors_in_row;

@@ -22,6 +22,7 @@ const char* to_string(route_tier t) noexcept {
 
 router_core::router_core(const config::topology& topo)
   : settings_(topo.router), block_size_(topo.block_size),
+    probed_(topo.gateway.health_interval.count() > 0),
     tree_(topo.router.tier1_capacity, topo.router.tier1_ttl) {
   // Agents read their engines once per flush interval (100 ms at least): a
   // reading must count for two of them, or none would count between reads.
@@ -246,6 +247,7 @@ bool router_core::probe_result(const std::string& replica, bool ok,
   if (!r)
     return false;
   if (ok) {
+    r->probe_ok_seen = true;
     bool was = r->down(now);
     r->probe_failures = 0;
     r->probe_down = false;
@@ -258,6 +260,28 @@ bool router_core::probe_result(const std::string& replica, bool ok,
     return false;
   r->probe_down = true;
   return true;
+}
+
+std::string router_core::unready_reason(std::chrono::steady_clock::time_point now) const {
+  std::size_t up = 0;
+  for (const auto& r : replicas_) {
+    if (r.down(now))
+      continue;
+    ++up;
+    if (!r.kv_events) {
+      if (r.probe_ok_seen || !probed_)
+        return {};
+      continue;
+    }
+    for (auto h : kv_.holders_of(r.name))
+      if (kv_.info(h).has_state)
+        return {};
+  }
+  if (replicas_.empty())
+    return "the topology has no replicas";
+  if (up == 0)
+    return "every replica is avoided (failed requests or health probes)";
+  return "no replica that is up has reported its KV state yet, nor answered a health probe";
 }
 
 void router_core::forget_sent(const std::string& replica) {

@@ -202,6 +202,12 @@ public:
   bool probe_result(const std::string& replica, bool ok,
                     std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
 
+  /// Empty when this router can route well: some replica is not avoided
+  /// and either has KV state (a full copy from its agent) or, without KV
+  /// events, has answered a health probe (or nothing probes it). Else why
+  /// not, in words.
+  std::string unready_reason(std::chrono::steady_clock::time_point now) const;
+
   /// Forgets what tier 1 remembers sending to `replica`: its engine's cache
   /// was emptied (a clear, a restart, an exit).
   void forget_sent(const std::string& replica);
@@ -232,6 +238,7 @@ public:
     bool down_unreachable = false;    ///< down_until is for being unreachable
     std::uint32_t probe_failures = 0; ///< health probes failed in a row
     bool probe_down = false;          ///< marked down by its probes, until one succeeds
+    bool probe_ok_seen = false;       ///< a probe succeeded once
     /// Avoided: a failed request marked it (until down_until), or its probes.
     bool down(std::chrono::steady_clock::time_point now) const {
       return probe_down || down_until > now;
@@ -286,6 +293,7 @@ private:
 
   config::router_settings settings_;
   std::size_t block_size_;
+  bool probed_; ///< the gateway probes every replica's health
   std::vector<replica_entry> replicas_;
   replica_index kv_;
   prefix_tree tree_;

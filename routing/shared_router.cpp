@@ -55,6 +55,11 @@ void shared_router::finished(const request_progress& p, bool started,
   core_.finished(p, started, reported_cached);
 }
 
+std::string shared_router::unready_reason() {
+  std::lock_guard<std::mutex> g(mtx_);
+  return core_.unready_reason(std::chrono::steady_clock::now());
+}
+
 bool shared_router::probe_result(const std::string& replica, bool ok) {
   std::lock_guard<std::mutex> g(mtx_);
   return core_.probe_result(replica, ok);

@@ -39,6 +39,9 @@ public:
   void finished(const request_progress& p, bool started,
                 std::optional<std::uint64_t> reported_cached = std::nullopt);
 
+  /// Empty when the router can route well, else why not (router_core).
+  std::string unready_reason();
+
   /// A health probe of `replica` succeeded or failed (router_core).
   bool probe_result(const std::string& replica, bool ok);
 

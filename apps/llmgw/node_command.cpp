@@ -184,6 +184,13 @@ int run_node(const config::topology& topo_in, const std::string& name, std::size
     sigwait(&signals, &sig);
     LLMGW_LOG(info, who, "{}: shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");
   }
+  if (gw && topo->gateway.drain_timeout.count() > 0) {
+    LLMGW_LOG(info, who, "draining: requests in flight may finish for {} ms",
+              topo->gateway.drain_timeout.count());
+    if (!gw->drain(topo->gateway.drain_timeout))
+      LLMGW_LOG(warning, who, "drained for {} ms: the requests still in flight are cut",
+                topo->gateway.drain_timeout.count());
+  }
   if (gw)
     gw->stop();
   if (agent_admin)

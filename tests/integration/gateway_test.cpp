@@ -36,7 +36,7 @@ struct sys_config : caf::actor_system_config {
 
 /// A stand-in engine: records requests, answers as told.
 struct fake_engine {
-  enum class mode { json, sse, server_error, fail_mid_stream, hang };
+  enum class mode { json, sse, server_error, broken_server_error, fail_mid_stream, hang };
   std::atomic<mode> how{mode::json};
   /// Cached prompt tokens a JSON answer reports (vLLM's usage), or -1: none.
   std::atomic<int> cached_tokens{-1};
@@ -93,6 +93,13 @@ struct fake_engine {
                              "application/json",
                              R"({"error":{"message":"CUDA error","code":500}})",
                              {{"x-engine", name}}});
+          break;
+        case mode::broken_server_error: // a 500 head, part of a body, then the engine dies
+          workers.emplace_back([respond] {
+            auto s = respond.stream(500, "application/json");
+            s.write(R"({"error":{"mess)");
+            s.abort();
+          });
           break;
         case mode::fail_mid_stream:
           workers.emplace_back([respond] {
@@ -312,6 +319,55 @@ TEST_F(gateway_test, an_event_stream_is_relayed_as_it_arrives) {
   EXPECT_EQ(got, "data: {\"n\":1}\n\ndata: {\"n\":2}\n\ndata: [DONE]\n\n") << "byte for byte";
 }
 
+TEST_F(gateway_test, a_drain_refuses_new_requests_and_lets_a_stream_in_flight_finish) {
+  e0.how = e1.how = fake_engine::mode::sse;
+  std::string got;
+  std::mutex mtx;
+  std::promise<void> done;
+  client.call("POST", base(), "/v1/completions",
+              R"({"model": "m", "prompt": "hi", "stream": true})", {}, 2s, 10s,
+              {[](int, std::vector<std::pair<std::string, std::string>>) {},
+               [&](std::string d) {
+                 std::lock_guard<std::mutex> g(mtx);
+                 got += d;
+               },
+               [&](const http_error&) { done.set_value(); }});
+  ASSERT_TRUE(test::eventually([&] {
+    std::lock_guard<std::mutex> g(mtx);
+    return !got.empty();
+  }));
+  auto drained = std::async(std::launch::async, [&] { return gw->drain(10s); });
+  auto healthz = [&] {
+    std::promise<http_response> p;
+    client.request("GET", base(), "/healthz", "", 5s,
+                   [&p](http_response r) { p.set_value(std::move(r)); });
+    return p.get_future().get();
+  };
+  ASSERT_TRUE(test::eventually([&] { return healthz().status == 503; }))
+    << "a load balancer is told to stop sending";
+  EXPECT_NE(healthz().body.find("draining"), std::string::npos);
+  auto refused = post("/v1/completions", body_ids);
+  EXPECT_EQ(refused.status, 503);
+  EXPECT_NE(refused.body.find("draining"), std::string::npos) << refused.body;
+  EXPECT_EQ(e0.requests() + e1.requests(), 1u) << "the new request went nowhere";
+  EXPECT_EQ(drained.wait_for(100ms), std::future_status::timeout) << "the stream is still on";
+  e0.release.set_value();
+  e1.release.set_value();
+  ASSERT_EQ(drained.wait_for(10s), std::future_status::ready);
+  EXPECT_TRUE(drained.get()) << "every request in flight finished before the deadline";
+  ASSERT_EQ(done.get_future().wait_for(10s), std::future_status::ready);
+  std::lock_guard<std::mutex> g(mtx);
+  EXPECT_NE(got.find("data: [DONE]"), std::string::npos) << "the stream ended whole: " << got;
+}
+
+TEST_F(gateway_test, a_drain_gives_up_at_its_deadline) {
+  e0.how = e1.how = fake_engine::mode::hang;
+  auto call = client.call("POST", base(), "/v1/completions", body_ids, {}, 2s, 10s, {});
+  ASSERT_TRUE(test::eventually([&] { return e0.requests() + e1.requests() == 1; }));
+  EXPECT_FALSE(gw->drain(100ms)) << "the engine never answers";
+  call->cancel();
+}
+
 TEST_F(gateway_test, a_replica_that_refuses_is_skipped_and_marked_down) {
   e0.server->stop(); // e0 refuses connections from now on
   for (int i = 0; i < 4; ++i) {
@@ -357,6 +413,19 @@ TEST_F(gateway_test, a_server_error_goes_to_another_replica_and_three_in_a_row_m
   EXPECT_NE(metrics.find("llmgw_upstream_retries_total 3\n"), std::string::npos) << metrics;
 }
 
+TEST_F(gateway_test, a_server_error_cut_short_leaves_nothing_in_the_next_attempts_answer) {
+  e0.how = fake_engine::mode::broken_server_error;
+  int sent = 0;
+  while (e0.requests() == 0 && sent++ < 20) {
+    auto a = post("/v1/completions", body_ids);
+    EXPECT_EQ(a.status, 200);
+    EXPECT_NE(a.headers.find("x-llmgw-replica: e1"), std::string::npos) << a.headers;
+    EXPECT_EQ(a.headers.find("x-llmgw-replica: e0"), std::string::npos) << a.headers;
+    EXPECT_EQ(json::parse(a.body).at("served_by"), "e1") << "e1's answer alone: " << a.body;
+  }
+  EXPECT_EQ(e0.requests(), 1u);
+}
+
 TEST_F(gateway_test, when_every_replica_answers_a_server_error_the_last_is_relayed) {
   e0.how = e1.how = fake_engine::mode::server_error;
   auto a = post("/v1/completions", body_ids);
@@ -373,11 +442,16 @@ TEST_F(gateway_test, when_every_replica_answers_a_server_error_the_last_is_relay
     answered.insert(ok.headers.find("x-llmgw-replica: e0") != std::string::npos ? "e0" : "e1");
   }
   ASSERT_EQ(answered.size(), 2u);
+  // A request every replica fails is its own fault (a poison input): it
+  // marks nobody down, however often it comes.
   auto before = e0.requests() + e1.requests();
   e0.how = e1.how = fake_engine::mode::server_error;
-  EXPECT_EQ(post("/v1/completions", body_ids).status, 500);
-  EXPECT_EQ(post("/v1/completions", body_ids).status, 500);
-  EXPECT_EQ(e0.requests() + e1.requests(), before + 4) << "nobody was marked down";
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(post("/v1/completions", body_ids).status, 500);
+  EXPECT_EQ(e0.requests() + e1.requests(), before + 8) << "nobody was marked down";
+  auto doc = replicas();
+  for (const auto& r : doc.at("replicas").as_array())
+    EXPECT_FALSE(r.at("down").as_bool()) << r;
 }
 
 TEST_F(gateway_test, a_stream_cut_short_ends_as_a_failure_the_client_notices) {
@@ -622,11 +696,11 @@ TEST_F(interim_gateway_test, expect_is_answered_by_the_gateway_and_never_forward
 
 namespace {
 
-/// The gateway probes every replica's /health every 50 ms.
+/// The gateway probes every replica's /health every 200 ms.
 struct gateway_probe_test : gateway_test {
   void adjust(config::topology& t) const override {
-    t.gateway.health_interval = 50ms;
-    t.gateway.health_timeout = 50ms;
+    t.gateway.health_interval = 200ms;
+    t.gateway.health_timeout = 200ms;
   }
   /// Whether /v1/kv/replicas says `replica` is down.
   bool down(const std::string& replica) {
@@ -655,6 +729,28 @@ TEST_F(gateway_probe_test,
   EXPECT_EQ(e0.requests(), 0u) << "no client request waited on the frozen engine";
   e0.how = fake_engine::mode::json;
   EXPECT_TRUE(test::eventually([&] { return !down("e0"); }, 5s)) << "a probe succeeded";
+}
+
+TEST_F(gateway_probe_test, ready_once_a_replica_that_is_up_has_reported_its_kv_state) {
+  auto readyz = [&] {
+    std::promise<http_response> p;
+    client.request("GET", base(), "/readyz", "", 5s,
+                   [&p](http_response r) { p.set_value(std::move(r)); });
+    return p.get_future().get();
+  };
+  // e0 and e1 have KV events and no state yet; "dead" has none, and fails
+  // its probes.
+  auto r = readyz();
+  EXPECT_EQ(r.status, 503) << r.body;
+  EXPECT_NE(r.body.find("not ready"), std::string::npos) << r.body;
+  hold("e1", 0, {1, 2, 3, 4});
+  EXPECT_EQ(readyz().status, 200);
+  e1.how = fake_engine::mode::hang; // its probes time out: avoided
+  ASSERT_TRUE(test::eventually([&] { return down("e1"); }, 5s));
+  r = readyz();
+  EXPECT_EQ(r.status, 503) << "the only replica with state is avoided: " << r.body;
+  e1.how = fake_engine::mode::json;
+  ASSERT_TRUE(test::eventually([&] { return readyz().status == 200; }, 5s));
 }
 
 TEST_F(gateway_probe_test, server_errors_keep_a_replica_down_though_its_probes_succeed) {

@@ -616,6 +616,9 @@ TEST(router_core, probes_mark_a_replica_down_and_a_success_ends_an_unreachable_m
   router_core rc(four_replicas());
   EXPECT_FALSE(rc.probe_result("r1", false, t0)) << "one failure can be a hiccup";
   EXPECT_FALSE(rc.replicas()[1].down(t0));
+  EXPECT_FALSE(rc.probe_result("r1", true, t0));
+  EXPECT_FALSE(rc.probe_result("r1", false, t0)) << "failures must come in a row";
+  EXPECT_FALSE(rc.replicas()[1].down(t0));
   EXPECT_TRUE(rc.probe_result("r1", false, t0)) << "two in a row: down";
   EXPECT_TRUE(rc.replicas()[1].down(t0 + 1h)) << "until a probe succeeds";
   EXPECT_FALSE(rc.probe_result("r1", false, t0)) << "already down";

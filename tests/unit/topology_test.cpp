@@ -252,6 +252,8 @@ TEST(topology, numbers_out_of_range) {
                           "prefill_ms_per_token = 0 must be between 0.0001 and 100"));
   EXPECT_TRUE(has_problem(problems_of(valid_text() + "[router]\nhot_spot_threshold = 16\n"), 0,
                           "router.hot_spot_threshold is gone"));
+  EXPECT_TRUE(has_problem(problems_of(valid_text() + "[gateway]\nhealth_interval_ms = 10\n"), 0,
+                          "health_interval_ms = 10 probes too often"));
   EXPECT_TRUE(has_problem(problems_of(valid_text() + "[router]\ndistrust_shortfall_share = 1.5\n"),
                           0, "distrust_shortfall_share = 1.5 must be between 0 and 1"));
 }
