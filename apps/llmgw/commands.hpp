@@ -27,6 +27,9 @@ void add_node_command(CLI::App& app, int& exit_code);
 /// `llmgw up`: every node of a single-machine topology, for a demo.
 void add_up_command(CLI::App& app, int& exit_code);
 
+/// `llmgw status`: the cluster as one control node sees it, as a table.
+void add_status_command(CLI::App& app, int& exit_code);
+
 /// `llmgw events`: prints an engine's KV event stream as JSON lines.
 void add_events_command(CLI::App& app, int& exit_code);
 

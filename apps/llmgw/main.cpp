@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
     llmgw::apps::add_certs_command(app, exit_code);
     llmgw::apps::add_node_command(app, exit_code);
     llmgw::apps::add_up_command(app, exit_code);
+    llmgw::apps::add_status_command(app, exit_code);
     CLI11_PARSE(app, argc, argv);
     return exit_code;
   } catch (const std::exception& e) {

@@ -192,6 +192,15 @@ TEST(local_cluster, routes_exactly_streams_in_order_and_survives_a_killed_engine
   }
   EXPECT_GT(streamed.pieces.size(), 1u) << "relayed as it came, not in one piece";
 
+  // An operator's view: every replica, each with its KV state, and ready.
+  test::child_process status({LLMGW_BINARY, "status", "--config", c.dir + "/cluster.toml"});
+  auto table = status.read_stdout_all(10s);
+  EXPECT_EQ(status.wait(10s), std::optional<int>(0)) << table;
+  EXPECT_NE(table.find(": ready\n"), std::string::npos) << table;
+  for (const char* r : {"a0 ", "a1 ", "b0 ", "b1 "})
+    EXPECT_NE(table.find("\n" + std::string(r)), std::string::npos) << r << "in:\n" << table;
+  EXPECT_NE(table.find("2 of 2 replicas with KV state"), std::string::npos) << table;
+
   // Kill the engine that holds the long prompt: its traffic goes elsewhere.
   auto port = c.engine_ports.at(static_cast<std::size_t>(replica[0] == 'a' ? 0 : 2)
                                 + static_cast<std::size_t>(replica[1] - '0'));
@@ -201,6 +210,16 @@ TEST(local_cluster, routes_exactly_streams_in_order_and_survives_a_killed_engine
   auto after = post(http, c.gateway, "/v1/completions", body);
   EXPECT_EQ(after.status, 200) << after.body;
   EXPECT_NE(after.headers["x-llmgw-replica"], replica);
+}
+
+TEST(llmgw_status, says_when_the_control_node_does_not_answer) {
+  local_cluster c(false); // written, not started
+  test::child_process status({LLMGW_BINARY, "status", "--config", c.dir + "/cluster.toml"});
+  std::string err;
+  while (auto line = status.read_stderr_line(10s))
+    err += *line + "\n";
+  EXPECT_EQ(status.wait(10s), std::optional<int>(2));
+  EXPECT_NE(err.find("did not answer /v1/kv/replicas"), std::string::npos) << err;
 }
 
 TEST(local_cluster, ctrl_c_leaves_nothing_running_and_the_demo_runs) {

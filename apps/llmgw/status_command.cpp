@@ -1,0 +1,168 @@
+// `llmgw status --config FILE [--node NAME]`: the whole cluster in one table,
+// for a person at a terminal, from one control node's view.
+//
+// It asks the control node (the first in the topology, or --node) on its
+// admin address if it has one, else its http address, for /readyz and
+// /v1/kv/replicas, and prints one line per replica: its node, whether it is
+// avoided, its KV state (trusted, parity, blocks, age of the last update),
+// whether its answers made the index distrusted, and its load (requests in
+// flight, and the engine's own running and waiting counts with its KV cache
+// use). Then a line per agent node: its replicas with KV state. TLS files are
+// not read: the command reads only HTTP. Exit code 0 when the control node
+// answered and is ready, 1 when it is not ready, 2 when it did not answer.
+#include "apps/llmgw/commands.hpp"
+#include "net/http_client.hpp"
+
+#include <CLI/CLI.hpp>
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+#include <future>
+#include <map>
+
+namespace llmgw::apps {
+
+namespace {
+
+namespace json = boost::json;
+using namespace std::chrono_literals;
+
+http_response get(http_client& http, const std::string& base, const std::string& target) {
+  std::promise<http_response> p;
+  http.request("GET", base, target, "", 5s, [&p](http_response r) { p.set_value(std::move(r)); });
+  return p.get_future().get();
+}
+
+/// `v` as text for the table: numbers without a trailing .0, "-" for none.
+std::string cell(const json::value* v) {
+  if (!v || v->is_null())
+    return "-";
+  if (v->is_bool())
+    return v->as_bool() ? "yes" : "no";
+  if (v->is_int64())
+    return std::to_string(v->as_int64());
+  if (v->is_uint64())
+    return std::to_string(v->as_uint64());
+  if (v->is_double())
+    return fmt::format("{:.1f}", v->as_double());
+  if (v->is_string())
+    return std::string(v->as_string());
+  return json::serialize(*v);
+}
+
+const json::value* at(const json::object& o, std::initializer_list<const char*> path) {
+  const json::value* v = nullptr;
+  const json::object* cur = &o;
+  for (const char* key : path) {
+    if (!cur)
+      return nullptr;
+    auto it = cur->find(key);
+    if (it == cur->end())
+      return nullptr;
+    v = &it->value();
+    cur = v->if_object();
+  }
+  return v;
+}
+
+/// Prints a line per replica, then a line per node: its replicas with KV
+/// state.
+void print_replicas(const json::array& replicas) {
+  fmt::print("{:<14} {:<12} {:<5} {:<8} {:<9} {:>8} {:>9} {:<10} {:>6} {:>8} {:>8}\n", "REPLICA",
+             "NODE", "UP", "TRUSTED", "PARITY", "BLOCKS", "UPDATED", "DISTRUST", "FLIGHT",
+             "RUN/WAIT", "KV USE");
+  std::map<std::string, std::pair<int, int>> nodes; // node -> (with state, replicas)
+  for (const auto& rv : replicas) {
+    const auto* r = rv.if_object();
+    if (!r)
+      continue;
+    std::string parity = "-", updated = "-";
+    bool has_state = false;
+    if (const auto* ranks = at(*r, {"ranks"}); ranks && ranks->is_array())
+      for (const auto& k : ranks->as_array()) {
+        const auto* x = k.if_object();
+        if (!x)
+          continue;
+        has_state = has_state || (at(*x, {"has_state"}) && cell(at(*x, {"has_state"})) == "yes");
+        parity = cell(at(*x, {"parity"}));
+        if (const auto* age = at(*x, {"seconds_since_update"}); age && !age->is_null())
+          updated = cell(age) + "s ago";
+      }
+    auto node = cell(at(*r, {"node"}));
+    auto& n = nodes[node];
+    n.first += has_state;
+    ++n.second;
+    std::string load = "-", kv_use = "-";
+    if (at(*r, {"engine_load"})) {
+      load =
+        cell(at(*r, {"engine_load", "running"})) + "/" + cell(at(*r, {"engine_load", "waiting"}));
+      if (const auto* u = at(*r, {"engine_load", "kv_cache_usage"}); u && u->is_double())
+        kv_use = fmt::format("{:.0f}%", 100 * u->as_double());
+    }
+    bool kv_events = at(*r, {"kv_events"}) && cell(at(*r, {"kv_events"})) == "yes";
+    bool down = at(*r, {"down"}) && cell(at(*r, {"down"})) == "yes";
+    fmt::print("{:<14} {:<12} {:<5} {:<8} {:<9} {:>8} {:>9} {:<10} {:>6} {:>8} {:>8}\n",
+               cell(at(*r, {"replica"})), node, down ? "no" : "yes",
+               kv_events ? cell(at(*r, {"trusted"})) : "no events", kv_events ? parity : "-",
+               kv_events ? cell(at(*r, {"blocks"})) : "-", updated,
+               cell(at(*r, {"index_check", "distrusted"})), cell(at(*r, {"outstanding"})), load,
+               kv_use);
+  }
+  for (const auto& [node, n] : nodes)
+    fmt::print("node {}: {} of {} replicas with KV state\n", node, n.first, n.second);
+}
+
+} // namespace
+
+void add_status_command(CLI::App& app, int& exit_code) {
+  auto* cmd = app.add_subcommand("status", "show the cluster as one control node sees it");
+  auto path = std::make_shared<std::string>();
+  auto node_name = std::make_shared<std::string>();
+  cmd->add_option("--config", *path, "topology file")->required();
+  cmd->add_option("--node", *node_name, "the control node to ask (default: the first)");
+  cmd->callback([path, node_name, &exit_code] {
+    config::topology topo;
+    config::topology_options opts;
+    opts.check_tls_files = false; // only HTTP is read
+    if (!load_or_report(*path, topo, "status", opts)) {
+      exit_code = 2;
+      return;
+    }
+    const config::node_spec* control = nullptr;
+    for (const auto* c : topo.controls())
+      if (node_name->empty() || c->name == *node_name) {
+        control = c;
+        break;
+      }
+    if (!control) {
+      fmt::print(stderr, "llmgw status: no control node {}in {}\n",
+                 node_name->empty() ? "" : "'" + *node_name + "' ", *path);
+      exit_code = 2;
+      return;
+    }
+    bool admin = !control->admin_host.empty();
+    auto host = admin ? control->admin_host : control->http_host;
+    auto port = admin ? control->admin_port : control->http_port;
+    auto base = fmt::format("http://{}:{}", host, port);
+    http_client http;
+    auto replicas = get(http, base, "/v1/kv/replicas");
+    boost::system::error_code ec;
+    auto doc = replicas.status == 200 ? json::parse(replicas.body, ec) : json::value{};
+    const auto* listed = doc.is_object() ? at(doc.as_object(), {"replicas"}) : nullptr;
+    if (replicas.status != 200 || ec || !listed || !listed->is_array()) {
+      fmt::print(stderr, "llmgw status: control node {} at {} did not answer /v1/kv/replicas: {}\n",
+                 control->name, base,
+                 replicas.status != 0 ? "status " + std::to_string(replicas.status)
+                                      : replicas.error);
+      exit_code = 2;
+      return;
+    }
+    auto ready = get(http, base, "/readyz");
+    fmt::print("control node {} at {}: {}\n", control->name, base,
+               ready.status == 200 ? "ready" : "not ready: " + ready.body);
+    print_replicas(listed->as_array());
+    exit_code = ready.status == 200 ? 0 : 1;
+  });
+}
+
+} // namespace llmgw::apps
