@@ -81,7 +81,9 @@ gateway::gateway(caf::actor_system& sys, std::shared_ptr<const config::topology>
   error_ = server_->error();
   if (!error_.empty())
     return;
-  prober_ = std::make_unique<health_prober>(topo_, upstreams_.front().second, plane_.shared_router);
+  prober_ = std::make_unique<health_prober>(
+    topo_, upstreams_.front().second, plane_.shared_router,
+    [stats = stats_](const std::string& replica) { abandon_attempts(*stats, replica); });
   if (admin_host.empty())
     return;
   // Probes and scrapes: few connections, small requests, no per-client cap

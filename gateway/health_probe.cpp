@@ -15,6 +15,7 @@ struct health_prober::state {
   /// loop holds the callback; a strong reference back would be a cycle.
   std::weak_ptr<http_client> client;
   std::shared_ptr<routing::shared_router> router;
+  std::function<void(const std::string&)> on_down; ///< a replica just went down
   std::mutex mtx;
   std::condition_variable wake;
   bool stopping = false;
@@ -42,19 +43,26 @@ struct health_prober::state {
     }
     if (!router->probe_result(replica, ok))
       return;
-    if (ok)
+    if (ok) {
       LLMGW_LOG(info, "gateway", "replica {} answers its health probe again: routed to", replica);
-    else
-      LLMGW_LOG(warning, "gateway",
-                "replica {} failed its health probes ({}): avoided until one succeeds", replica,
-                log::printable(r.status != 0 ? "status " + std::to_string(r.status) : r.error));
+      return;
+    }
+    LLMGW_LOG(warning, "gateway",
+              "replica {} failed its health probes ({}): avoided until one succeeds; the "
+              "requests waiting on it go elsewhere",
+              replica,
+              log::printable(r.status != 0 ? "status " + std::to_string(r.status) : r.error));
+    if (on_down)
+      on_down(replica);
   }
 };
 
 health_prober::health_prober(std::shared_ptr<const config::topology> topo,
                              const std::shared_ptr<http_client>& client,
-                             std::shared_ptr<routing::shared_router> router)
+                             std::shared_ptr<routing::shared_router> router,
+                             std::function<void(const std::string&)> on_down)
   : state_(std::make_shared<state>()) {
+  state_->on_down = std::move(on_down);
   state_->topo = std::move(topo);
   state_->client = client;
   state_->router = std::move(router);

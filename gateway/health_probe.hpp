@@ -9,7 +9,9 @@
 //   timeout, another status) a failure.
 // - Two failures in a row mark the replica down until a probe succeeds; a
 //   success ends that mark and any mark from failed requests
-//   (routing::router_core::probe_result).
+//   (routing::router_core::probe_result), and the requests waiting on it are
+//   abandoned (`on_down`: the gateway sends them elsewhere) rather than left
+//   to wait for request_timeout_ms.
 // - Each outcome is counted (llmgw_health_probes_total); a replica going
 //   down or coming back is logged.
 #pragma once
@@ -18,6 +20,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -43,7 +46,8 @@ public:
   /// when the topology's health_interval is 0.
   health_prober(std::shared_ptr<const config::topology> topo,
                 const std::shared_ptr<http_client>& client,
-                std::shared_ptr<routing::shared_router> router);
+                std::shared_ptr<routing::shared_router> router,
+                std::function<void(const std::string&)> on_down);
   ~health_prober();
   health_prober(const health_prober&) = delete;
   health_prober& operator=(const health_prober&) = delete;

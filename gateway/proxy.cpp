@@ -168,6 +168,7 @@ private:
     decision_.model_ms = d.model_ms;
     // Each attempt starts afresh (an earlier one may have received a head).
     first_token_ = false;
+    abandoned_ = false;
     server_error_ = false;
     status_ = 0;
     body_.clear();
@@ -203,6 +204,31 @@ private:
     call_ =
       upstream->call("POST", d.url, path_, req_.body, headers, ctx_.topo->gateway.connect_timeout,
                      ctx_.topo->gateway.request_timeout, std::move(h));
+    // Held by the gateway until it ends: if the replica's health probes
+    // fail meanwhile, the attempt is abandoned (abandon_attempts).
+    std::weak_ptr<proxied> weak = self;
+    std::lock_guard<std::mutex> s(ctx_.stats->mtx);
+    attempt_ = ctx_.stats->next_attempt++;
+    ctx_.stats->attempts.emplace(attempt_, std::make_pair(d.replica, [weak, attempt = attempt_] {
+                                   if (auto p = weak.lock())
+                                     p->abandon(attempt);
+                                 }));
+  }
+
+  /// The replica was declared down while `attempt` waited on it: end the
+  /// call; on_done tries another replica (or ends a relayed stream as failed).
+  /// Nothing if that attempt is over (a later one may be on a good replica).
+  void abandon(std::uint64_t attempt) {
+    std::shared_ptr<http_call> call;
+    {
+      std::lock_guard<std::mutex> g(mtx_);
+      if (attempt != attempt_)
+        return;
+      abandoned_ = true;
+      call = call_.lock();
+    }
+    if (call)
+      call->cancel();
   }
 
   void on_head(int status, const std::vector<std::pair<std::string, std::string>>& headers) {
@@ -271,6 +297,12 @@ private:
     ctx_.plane.shared_router->finished(routing::progress_of(decision_), first_token_,
                                        err.ok() ? reported_cached_ : std::nullopt);
     call_.reset();
+    {
+      std::lock_guard<std::mutex> s(ctx_.stats->mtx);
+      ctx_.stats->attempts.erase(attempt_);
+    }
+    attempt_ = 0;
+    bool abandoned = std::exchange(abandoned_, false);
     if (gone_)
       return;
     if (err.ok() && server_error_ && retry_server_error(g))
@@ -293,7 +325,8 @@ private:
       return;
     }
     // The replica failed.
-    const char* reason = err.kind == http_failure::connect   ? "connect"
+    const char* reason = abandoned                           ? "replica_down"
+                         : err.kind == http_failure::connect ? "connect"
                          : err.kind == http_failure::timeout ? "timeout"
                                                              : "broken";
     {
@@ -329,8 +362,10 @@ private:
     // One that refused a connection is back at its first good health probe;
     // one that accepted and then failed (it may answer probes and hang on
     // requests) stays avoided for mark_down_ms.
-    ctx_.plane.shared_router->mark_down(decision_.replica, ctx_.topo->gateway.down_for,
-                                        err.kind == http_failure::connect);
+    // An abandoned attempt's replica is down already, until a probe succeeds.
+    if (!abandoned)
+      ctx_.plane.shared_router->mark_down(decision_.replica, ctx_.topo->gateway.down_for,
+                                          err.kind == http_failure::connect);
     last_error_ = "replica " + decision_.replica + ": " + err.message;
     if (tried_.size() >= ctx_.topo->gateway.max_attempts) {
       g.unlock();
@@ -485,8 +520,10 @@ private:
   bool head_ = false;
   bool streaming_ = false;
   bool gone_ = false;
-  bool server_error_ = false;              ///< the current attempt answered 5xx, held back
-  std::optional<http_reply> held_;         ///< an earlier attempt's server error
+  bool server_error_ = false;      ///< the current attempt answered 5xx, held back
+  std::uint64_t attempt_ = 0;      ///< the current attempt's id in proxy_stats::attempts
+  bool abandoned_ = false;         ///< the current attempt was abandoned (its replica is down)
+  std::optional<http_reply> held_; ///< an earlier attempt's server error
   std::vector<std::string> server_errors_; ///< replicas that answered this one 5xx
 };
 
@@ -535,6 +572,18 @@ void proxy_stats::append(wire::metrics_text& m) const {
               "predicted: blocks evicted before their event arrived, or events lost.",
               static_cast<double>(a.shortfalls), r);
   }
+}
+
+void abandon_attempts(proxy_stats& stats, const std::string& replica) {
+  std::vector<std::function<void()>> ends;
+  {
+    std::lock_guard<std::mutex> g(stats.mtx);
+    for (const auto& [id, attempt] : stats.attempts)
+      if (attempt.first == replica)
+        ends.push_back(attempt.second);
+  }
+  for (const auto& end : ends) // outside the lock: each takes its request's
+    end();
 }
 
 void proxy_request(const proxy_context& ctx, http_request&& req, http_responder respond,

@@ -24,6 +24,7 @@
 #include "wire/openai_request.hpp"
 
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 
@@ -54,6 +55,10 @@ struct proxy_stats {
   /// its last attempt); `idle` is notified when none are left.
   std::size_t in_flight = 0;
   std::condition_variable idle;
+  /// Attempts waiting on a replica, by id: the replica, and how to abandon
+  /// the attempt (abandon_attempts).
+  std::map<std::uint64_t, std::pair<std::string, std::function<void()>>> attempts;
+  std::uint64_t next_attempt = 1;
   /// Per replica, the server errors (5xx) it answered since its last other
   /// answer: at server_errors_to_mark_down it is marked down.
   std::map<std::string, std::uint32_t> server_errors_in_row;
@@ -72,6 +77,11 @@ struct proxy_context {
   std::weak_ptr<http_client> upstream;
   std::shared_ptr<proxy_stats> stats;
 };
+
+/// Abandons every attempt waiting on `replica` (its health probes failed):
+/// those that relayed nothing go to another replica, streams under way end
+/// as failed (llmgw_upstream_failures_total{reason="replica_down"}).
+void abandon_attempts(proxy_stats& stats, const std::string& replica);
 
 /// Proxies one request to /v1/completions or /v1/chat/completions (`path`).
 void proxy_request(const proxy_context& ctx, http_request&& req, http_responder respond,

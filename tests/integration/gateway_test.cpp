@@ -200,6 +200,34 @@ struct gateway_test : ::testing::Test {
 
   std::string base() const { return "http://127.0.0.1:" + std::to_string(gw->port()); }
 
+  /// A streamed request through the gateway, read as it arrives.
+  struct stream_reader {
+    std::mutex mtx;
+    std::string got;
+    std::promise<void> done;
+    std::string text() {
+      std::lock_guard<std::mutex> g(mtx);
+      return got;
+    }
+  };
+  void stream(stream_reader& r, const std::string& path, const std::string& body) {
+    client.call("POST", base(), path, body, {}, 2s, 10s,
+                {[](int, std::vector<std::pair<std::string, std::string>>) {},
+                 [&r](std::string d) {
+                   std::lock_guard<std::mutex> g(r.mtx);
+                   r.got += d;
+                 },
+                 [&r](const http_error&) { r.done.set_value(); }});
+  }
+
+  /// The gateway's /metrics text.
+  std::string get_metrics() {
+    std::promise<http_response> p;
+    client.request("GET", base(), "/metrics", "", 5s,
+                   [&p](http_response r) { p.set_value(std::move(r)); });
+    return p.get_future().get().body;
+  }
+
   /// A whole request through the gateway.
   struct answer {
     int status = 0;
@@ -293,49 +321,22 @@ TEST_F(gateway_test, relays_the_answer_with_its_status_and_headers) {
 
 TEST_F(gateway_test, an_event_stream_is_relayed_as_it_arrives) {
   e0.how = e1.how = fake_engine::mode::sse;
-  std::string got;
-  std::mutex mtx;
-  std::promise<void> done;
-  client.call("POST", base(), "/v1/chat/completions",
-              R"({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]})",
-              {}, 2s, 10s,
-              {[](int, std::vector<std::pair<std::string, std::string>>) {},
-               [&](std::string d) {
-                 std::lock_guard<std::mutex> g(mtx);
-                 got += d;
-               },
-               [&](const http_error&) { done.set_value(); }});
-  bool first = test::eventually(
-    [&] {
-      std::lock_guard<std::mutex> g(mtx);
-      return got == "data: {\"n\":1}\n\n";
-    },
-    5s);
-  EXPECT_TRUE(first) << "the first event arrives before the engine sends the second: " << got;
+  stream_reader r;
+  stream(r, "/v1/chat/completions",
+         R"({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]})");
+  bool first = test::eventually([&] { return r.text() == "data: {\"n\":1}\n\n"; }, 5s);
+  EXPECT_TRUE(first) << "the first event arrives before the engine sends the second: " << r.text();
   e0.release.set_value();
   e1.release.set_value();
-  ASSERT_EQ(done.get_future().wait_for(10s), std::future_status::ready);
-  std::lock_guard<std::mutex> g(mtx);
-  EXPECT_EQ(got, "data: {\"n\":1}\n\ndata: {\"n\":2}\n\ndata: [DONE]\n\n") << "byte for byte";
+  ASSERT_EQ(r.done.get_future().wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(r.text(), "data: {\"n\":1}\n\ndata: {\"n\":2}\n\ndata: [DONE]\n\n") << "byte for byte";
 }
 
 TEST_F(gateway_test, a_drain_refuses_new_requests_and_lets_a_stream_in_flight_finish) {
   e0.how = e1.how = fake_engine::mode::sse;
-  std::string got;
-  std::mutex mtx;
-  std::promise<void> done;
-  client.call("POST", base(), "/v1/completions",
-              R"({"model": "m", "prompt": "hi", "stream": true})", {}, 2s, 10s,
-              {[](int, std::vector<std::pair<std::string, std::string>>) {},
-               [&](std::string d) {
-                 std::lock_guard<std::mutex> g(mtx);
-                 got += d;
-               },
-               [&](const http_error&) { done.set_value(); }});
-  ASSERT_TRUE(test::eventually([&] {
-    std::lock_guard<std::mutex> g(mtx);
-    return !got.empty();
-  }));
+  stream_reader r;
+  stream(r, "/v1/completions", R"({"model": "m", "prompt": "hi", "stream": true})");
+  ASSERT_TRUE(test::eventually([&] { return !r.text().empty(); }));
   auto drained = std::async(std::launch::async, [&] { return gw->drain(10s); });
   auto healthz = [&] {
     std::promise<http_response> p;
@@ -355,9 +356,9 @@ TEST_F(gateway_test, a_drain_refuses_new_requests_and_lets_a_stream_in_flight_fi
   e1.release.set_value();
   ASSERT_EQ(drained.wait_for(10s), std::future_status::ready);
   EXPECT_TRUE(drained.get()) << "every request in flight finished before the deadline";
-  ASSERT_EQ(done.get_future().wait_for(10s), std::future_status::ready);
-  std::lock_guard<std::mutex> g(mtx);
-  EXPECT_NE(got.find("data: [DONE]"), std::string::npos) << "the stream ended whole: " << got;
+  ASSERT_EQ(r.done.get_future().wait_for(10s), std::future_status::ready);
+  EXPECT_NE(r.text().find("data: [DONE]"), std::string::npos)
+    << "the stream ended whole: " << r.text();
 }
 
 TEST_F(gateway_test, a_drain_gives_up_at_its_deadline) {
@@ -375,10 +376,7 @@ TEST_F(gateway_test, a_replica_that_refuses_is_skipped_and_marked_down) {
     EXPECT_EQ(a.status, 200) << a.body;
     EXPECT_NE(a.headers.find("x-llmgw-replica: e1"), std::string::npos) << a.headers;
   }
-  std::promise<http_response> p;
-  client.request("GET", base(), "/metrics", "", 5s,
-                 [&p](http_response r) { p.set_value(std::move(r)); });
-  auto metrics = p.get_future().get().body;
+  auto metrics = get_metrics();
   EXPECT_NE(metrics.find("llmgw_upstream_failures_total{replica=\"e0\",reason=\"connect\"} 1\n"),
             std::string::npos)
     << "tried once, then avoided while down: " << metrics;
@@ -402,10 +400,7 @@ TEST_F(gateway_test, a_server_error_goes_to_another_replica_and_three_in_a_row_m
     one();
   EXPECT_EQ(e0.requests(), 3u) << "three server errors in a row, then avoided while down";
   EXPECT_EQ(e1.requests(), static_cast<std::size_t>(sent));
-  std::promise<http_response> p;
-  client.request("GET", base(), "/metrics", "", 5s,
-                 [&p](http_response r) { p.set_value(std::move(r)); });
-  auto metrics = p.get_future().get().body;
+  auto metrics = get_metrics();
   EXPECT_NE(
     metrics.find("llmgw_upstream_failures_total{replica=\"e0\",reason=\"server_error\"} 3\n"),
     std::string::npos)
@@ -503,10 +498,7 @@ TEST_F(gateway_test, the_index_prediction_is_checked_against_the_cached_tokens_e
     }
   e1.cached_tokens = 8; // it has them both again (its own prefill computed the second)
   EXPECT_EQ(post("/v1/completions", body_ids).status, 200);
-  std::promise<http_response> p;
-  client.request("GET", base(), "/metrics", "", 5s,
-                 [&p](http_response r) { p.set_value(std::move(r)); });
-  auto metrics = p.get_future().get().body;
+  auto metrics = get_metrics();
   for (const char* line : {"llmgw_kv_checked_answers_total{replica=\"e1\"} 2\n",
                            "llmgw_kv_predicted_cached_tokens_total{replica=\"e1\"} 12\n",
                            "llmgw_kv_reported_cached_tokens_total{replica=\"e1\"} 12\n",
@@ -555,10 +547,7 @@ TEST_F(gateway_test, a_text_prompt_seen_before_is_not_tokenized_again) {
       << "request " << i << " was hashed from the engine's tokens: " << a.headers;
   }
   EXPECT_EQ(e0.tokenize_calls() + e1.tokenize_calls(), 1u) << "then from the cache";
-  std::promise<http_response> p;
-  client.request("GET", base(), "/metrics", "", 5s,
-                 [&p](http_response r) { p.set_value(std::move(r)); });
-  auto metrics = p.get_future().get().body;
+  auto metrics = get_metrics();
   EXPECT_NE(metrics.find("llmgw_tokenize_cache_hits_total 2\n"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("llmgw_tokenize_cache_misses_total 1\n"), std::string::npos);
   EXPECT_NE(metrics.find("llmgw_tokenize_cache_entries 1\n"), std::string::npos);
@@ -731,6 +720,32 @@ TEST_F(gateway_probe_test,
   EXPECT_TRUE(test::eventually([&] { return !down("e0"); }, 5s)) << "a probe succeeded";
 }
 
+TEST_F(gateway_probe_test, a_request_waiting_on_a_replica_that_froze_goes_elsewhere) {
+  e0.how = fake_engine::mode::hang; // froze: accepts, never answers (probes neither)
+  // Until its probes fail, requests may still go to e0 (equal costs go in
+  // turn); one that does waits there until the probes declare e0 down.
+  std::future<answer> waiting;
+  for (int i = 0; i < 20 && e0.requests() == 0 && !down("e0"); ++i) {
+    auto f = std::async(std::launch::async, [&] { return post("/v1/completions", body_ids); });
+    if (!test::eventually([&] { return e0.requests() + e1.requests() > std::size_t(i); }))
+      break;
+    if (e0.requests() == 1) {
+      waiting = std::move(f);
+      break;
+    }
+    EXPECT_EQ(f.get().status, 200);
+  }
+  ASSERT_TRUE(waiting.valid()) << "no request reached e0 before its probes failed";
+  ASSERT_EQ(waiting.wait_for(8s), std::future_status::ready)
+    << "abandoned when e0 was declared down, not left for request_timeout_ms";
+  auto a = waiting.get();
+  EXPECT_EQ(a.status, 200) << a.body;
+  EXPECT_NE(a.headers.find("x-llmgw-replica: e1"), std::string::npos) << a.headers;
+  EXPECT_NE(
+    get_metrics().find("llmgw_upstream_failures_total{replica=\"e0\",reason=\"replica_down\"} 1"),
+    std::string::npos);
+}
+
 TEST_F(gateway_probe_test, ready_once_a_replica_that_is_up_has_reported_its_kv_state) {
   auto readyz = [&] {
     std::promise<http_response> p;
@@ -763,10 +778,7 @@ TEST_F(gateway_probe_test, server_errors_keep_a_replica_down_though_its_probes_s
   auto probes = e0.probes();
   ASSERT_TRUE(test::eventually([&] { return e0.probes() >= probes + 3; }, 5s));
   EXPECT_TRUE(down("e0")) << "a live engine that fails requests stays avoided";
-  std::promise<http_response> p;
-  client.request("GET", base(), "/metrics", "", 5s,
-                 [&p](http_response r) { p.set_value(std::move(r)); });
-  auto metrics = p.get_future().get().body;
+  auto metrics = get_metrics();
   EXPECT_NE(metrics.find("llmgw_health_probes_total{replica=\"e1\",outcome=\"ok\"}"),
             std::string::npos)
     << metrics;

@@ -535,16 +535,28 @@ TEST(router_core, persistent_shortfalls_distrust_a_replica_until_its_answers_agr
   EXPECT_EQ(rc.kv().blocks().count(h), 4u);
 }
 
-TEST(router_core, an_emptied_cache_ends_distrust) {
+/// The four replicas, distrusting at `share`.
+config::topology distrusting_at(double share) {
   auto t = four_replicas();
-  t.router.distrust_shortfall_share = 0.25;
-  router_core rc(t);
+  t.router.distrust_shortfall_share = share;
+  return t;
+}
+
+/// `times` answers from r1 (which holds blocks 1 and 2) that found nothing
+/// cached; its index entry is restored after each.
+void answers_found_nothing(router_core& rc, int times) {
   hold(rc, "r1", first_blocks(2));
-  for (int i = 0; i < 32; ++i) {
+  for (int i = 0; i < times; ++i) {
     auto d = rc.decide(long_query(2), t0);
+    ASSERT_EQ(d.replica, "r1");
     rc.finished(progress_of(d), false, 0);
     hold(rc, "r1", first_blocks(2));
   }
+}
+
+TEST(router_core, an_emptied_cache_ends_distrust) {
+  router_core rc(distrusting_at(0.25));
+  answers_found_nothing(rc, 32);
   ASSERT_TRUE(rc.replicas()[1].distrusted);
   rc.forget_sent("r1"); // a clear, a restart or an exit: the index starts over
   EXPECT_FALSE(rc.replicas()[1].distrusted);
@@ -552,16 +564,8 @@ TEST(router_core, an_emptied_cache_ends_distrust) {
 }
 
 TEST(router_core, a_share_of_zero_never_distrusts) {
-  auto t = four_replicas();
-  t.router.distrust_shortfall_share = 0;
-  router_core rc(t);
-  hold(rc, "r1", first_blocks(2));
-  for (int i = 0; i < 40; ++i) {
-    auto d = rc.decide(long_query(2), t0);
-    ASSERT_EQ(d.replica, "r1");
-    rc.finished(progress_of(d), false, 0);
-    hold(rc, "r1", first_blocks(2));
-  }
+  router_core rc(distrusting_at(0));
+  answers_found_nothing(rc, 40);
   EXPECT_FALSE(rc.replicas()[1].distrusted);
   EXPECT_EQ(rc.replicas()[1].recent_shortfalls(), 32u);
 }
