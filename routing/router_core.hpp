@@ -220,6 +220,9 @@ public:
   /// Forgets the engine's load (its agent went away).
   void forget_engine_load(const std::string& replica);
 
+  /// Tier 1's memory of what was sent where (for its size in /metrics).
+  const prefix_tree& tier1() const noexcept { return tree_; }
+
   /// The KV state: agents' changes go here.
   replica_index& kv() noexcept { return kv_; }
   const replica_index& kv() const noexcept { return kv_; }

@@ -210,7 +210,15 @@ void append_router_metrics(wire::metrics_text& m, const router_core& core,
           static_cast<double>(core.kv().blocks().entries()));
   m.gauge("llmgw_kv_index_bytes", "Heap bytes of the block index.",
           static_cast<double>(core.kv().blocks().memory_bytes()));
+  m.gauge("llmgw_tier1_nodes",
+          "Distinct prompt chunks tier 1 remembers sending (router.tier1_capacity per replica "
+          "at most).",
+          static_cast<double>(core.tier1().nodes()));
   const auto& kv = core.kv();
+  for (std::size_t i = 0; i < core.replicas().size(); ++i)
+    m.gauge("llmgw_tier1_chunks", "Prompt chunks tier 1 remembers sending to the replica.",
+            static_cast<double>(core.tier1().size(static_cast<tree_replica>(i))),
+            {{"replica", core.replicas()[i].name}});
   for (const auto& r : core.replicas()) {
     m.gauge("llmgw_replica_outstanding", "Requests in flight per replica.", r.outstanding,
             {{"replica", r.name}});

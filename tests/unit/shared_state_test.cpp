@@ -3,6 +3,7 @@
 #include "routing/shared_router.hpp"
 #include "routing/token_cache.hpp"
 #include "wire/block_hash.hpp"
+#include "wire/metrics_text.hpp"
 
 #include <gtest/gtest.h>
 
@@ -260,4 +261,19 @@ TEST(token_cache, capacity_zero_holds_nothing) {
     EXPECT_EQ(c.stats().entries, 0u);
     EXPECT_EQ(c.stats().bytes, 0u);
   }
+}
+
+TEST(shared_router, metrics_show_how_much_tier1_remembers_per_replica) {
+  shared_router lr(two_replicas());
+  auto d = lr.decide_and_record(text_query(std::string(64, 'm'))); // 8 chunks of 8 bytes
+  wire::metrics_text m;
+  lr.append_metrics(m);
+  auto text = m.str();
+  EXPECT_NE(text.find("llmgw_tier1_chunks{replica=\"" + d.replica + "\"} 8\n"), std::string::npos)
+    << text;
+  auto other = d.replica == "r0" ? "r1" : "r0";
+  EXPECT_NE(text.find(std::string("llmgw_tier1_chunks{replica=\"") + other + "\"} 0\n"),
+            std::string::npos)
+    << text;
+  EXPECT_NE(text.find("llmgw_tier1_nodes 8\n"), std::string::npos) << text;
 }
