@@ -7,17 +7,20 @@
 #include "actors/subscriber.hpp"
 #include "base/log.hpp"
 
+#include <boost/json.hpp>
 #include <caf/actor_cast.hpp>
 #include <caf/actor_system.hpp>
 #include <caf/blocking_actor.hpp>
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
+#include <fmt/format.h>
 
 #include <arpa/inet.h>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <filesystem>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -167,9 +170,11 @@ agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg) {
     }
     std::vector<mirror_actor> mirrors;
     for (std::uint32_t r = 0; r < e.dp_size; ++r) {
-      auto m =
-        sys.spawn(mirror, e.replica, r,
-                  std::optional<kv::parity_config>(kv::parity_config{cfg.seed, cfg.block_size}));
+      auto view = std::make_shared<mirror_view>();
+      out.mirror_views.push_back({e.replica, r, view});
+      auto m = sys.spawn(
+        mirror, e.replica, r,
+        std::optional<kv::parity_config>(kv::parity_config{cfg.seed, cfg.block_size}), view);
       out.actors.push_back(caf::actor_cast<caf::actor>(m));
       // Only replicas with events are forwarded: a replica without them must
       // reach the router as "no KV state" (tier 1), not as "holds nothing".
@@ -280,6 +285,20 @@ void append_agent_metrics(wire::metrics_text& m, const agent_handles& handles) {
               "Events of a type llmgw does not know, skipped (the batch's others apply).",
               static_cast<double>(s.stats->unknown_events.load()), who);
   }
+  for (const auto& v : handles.mirror_views) {
+    wire::metric_labels who{{"replica", v.replica}, {"dp_rank", std::to_string(v.rank)}};
+    m.gauge("llmgw_agent_mirror_blocks", "Blocks the engine's mirror holds.",
+            static_cast<double>(v.view->blocks.load(std::memory_order_relaxed)), who);
+    m.gauge("llmgw_agent_mirror_epoch", "Times the engine's mirror was emptied (its epoch).",
+            static_cast<double>(v.view->epoch.load(std::memory_order_relaxed)), who);
+    for (std::size_t r = 0; r < kv::reset_reason_count; ++r)
+      m.counter("llmgw_agent_mirror_resets_total",
+                "The mirror emptied, by reason: gap (events lost), restart (the stream "
+                "started over), clear (the engine emptied its cache), engine_exit (the "
+                "engine exited: restarts of launched engines), decode_error.",
+                static_cast<double>(v.view->resets[r].load(std::memory_order_relaxed)),
+                with_reason(who, kv::to_string(static_cast<kv::reset_reason>(r))));
+  }
   if (handles.loads)
     for (const auto& c : handles.loads->totals())
       for (std::size_t o = 0; o < scrape_outcome_count; ++o)
@@ -307,6 +326,24 @@ void append_agent_metrics(wire::metrics_text& m, const agent_handles& handles) {
                 "node did not prove its name).",
                 static_cast<double>(n), with_reason(to, reason));
   }
+}
+
+std::string agent_mirrors_json(const agent_handles& handles) {
+  boost::json::array mirrors;
+  for (const auto& v : handles.mirror_views) {
+    const auto& x = *v.view;
+    mirrors.push_back(boost::json::object{
+      {"replica", v.replica},
+      {"dp_rank", v.rank},
+      {"blocks", x.blocks.load(std::memory_order_relaxed)},
+      {"epoch", x.epoch.load(std::memory_order_relaxed)},
+      {"fingerprint", fmt::format("{:016x}", x.fingerprint.load(std::memory_order_relaxed))},
+      {"partial", x.partial.load(std::memory_order_relaxed)},
+      {"parity", kv::to_string(static_cast<kv::parity_state>(
+                   std::min(x.parity.load(std::memory_order_relaxed),
+                            static_cast<std::uint8_t>(kv::last_parity_state))))}});
+  }
+  return boost::json::serialize(boost::json::object{{"mirrors", std::move(mirrors)}});
 }
 
 void remove_runtime_dir(const agent_handles& handles) {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include "actors/forwarder.hpp"
+#include "actors/mirror.hpp"
 #include "actors/subscriber.hpp"
 #include "config/topology.hpp"
 #include "wire/metrics_text.hpp"
@@ -55,6 +56,14 @@ struct agent_subscriber {
   std::shared_ptr<subscriber_stats> stats;
 };
 
+/// What one mirror holds, by replica and rank (every engine's, with events
+/// or not: one without holds nothing).
+struct agent_mirror {
+  std::string replica;
+  std::uint32_t rank = 0;
+  std::shared_ptr<mirror_view> view;
+};
+
 /// What start_agent made, and what happened per engine.
 struct agent_handles {
   std::vector<caf::actor> actors;            ///< everything spawned, stopped by stop_agent
@@ -63,6 +72,7 @@ struct agent_handles {
   /// The private folder (mode 0700) of launched engines' ipc sockets, or "".
   std::string runtime_dir;
   std::vector<agent_subscriber> subscribers;
+  std::vector<agent_mirror> mirror_views;
   /// The engines' loads, as the scraper last read them.
   std::shared_ptr<engine_loads> loads;
   /// Each forwarder's counters, by control node.
@@ -87,5 +97,11 @@ void remove_runtime_dir(const agent_handles& handles);
 /// The agent's counters as Prometheus text: each subscriber's messages and
 /// what it refused, each forwarder's sessions and what it refused.
 void append_agent_metrics(wire::metrics_text& m, const agent_handles& handles);
+
+/// What every mirror holds, as JSON: replica, dp_rank, blocks, epoch,
+/// fingerprint (16 hex digits, as a control node's /v1/kv/replicas prints
+/// it), partial, parity. Served at /v1/kv/mirrors on the agent's admin
+/// listener: where a control node's view equals it, the two agree.
+std::string agent_mirrors_json(const agent_handles& handles);
 
 } // namespace llmgw

@@ -23,6 +23,20 @@ void apply_batch(mirror_state& st, const wire::event_batch& batch) {
               st.table.parity_message());
 }
 
+/// Publishes the table's state to the view, if there is one.
+void publish(const mirror_state& st) {
+  if (!st.view)
+    return;
+  auto& v = *st.view;
+  v.blocks.store(st.table.size(), std::memory_order_relaxed);
+  v.epoch.store(st.table.epoch(), std::memory_order_relaxed);
+  v.fingerprint.store(st.table.fingerprint(), std::memory_order_relaxed);
+  v.partial.store(st.table.partial(), std::memory_order_relaxed);
+  v.parity.store(static_cast<std::uint8_t>(st.table.parity()), std::memory_order_relaxed);
+  for (std::size_t r = 0; r < kv::reset_reason_count; ++r)
+    v.resets[r].store(st.counters.resets[r], std::memory_order_relaxed);
+}
+
 } // namespace
 
 replica_update to_update(const mirror_state& st, const kv::table_delta& delta) {
@@ -42,18 +56,23 @@ replica_update to_update(const mirror_state& st, const kv::table_delta& delta) {
 
 mirror_actor::behavior_type mirror(mirror_actor::stateful_pointer<mirror_state> self,
                                    std::string replica, std::uint32_t dp_rank,
-                                   std::optional<kv::parity_config> parity) {
+                                   std::optional<kv::parity_config> parity,
+                                   std::shared_ptr<mirror_view> view) {
   self->state.replica = std::move(replica);
   self->state.dp_rank = dp_rank;
   self->state.table = kv::block_table(std::move(parity));
+  self->state.view = std::move(view);
+  publish(self->state);
   return {
     [self](apply_atom, const batch_list& batches) {
       for (const auto& b : *batches)
         apply_batch(self->state, b);
+      publish(self->state);
     },
     [self](reset_atom, kv::reset_reason reason) {
       self->state.table.reset(reason);
       ++self->state.counters.resets[static_cast<std::size_t>(reason)];
+      publish(self->state);
     },
     [self](subscribe_atom, std::uint64_t peer) {
       auto& st = self->state;

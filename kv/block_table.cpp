@@ -26,6 +26,14 @@ const char* to_string(medium m) noexcept {
   return "unknown";
 }
 
+std::uint64_t fingerprint_of(const block_ref& b) noexcept {
+  // splitmix64 of the key and medium.
+  auto x = b.key ^ (static_cast<std::uint64_t>(b.where) + 1) * 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
 const char* to_string(reset_reason r) noexcept {
   switch (r) {
   case reset_reason::gap:
@@ -120,6 +128,10 @@ bool block_table::remove(const block_ref& ref, std::int64_t group) {
 }
 
 void block_table::presence_changed(const block_ref& ref, bool was) {
+  if (was)
+    fingerprint_ -= fingerprint_of(ref);
+  else
+    fingerprint_ += fingerprint_of(ref);
   for (auto& [id, peer] : peers_) {
     auto it = peer.changed.find(ref);
     if (it == peer.changed.end())
@@ -139,6 +151,7 @@ void block_table::reset(reset_reason why) {
   refs_.clear();
   presence_.clear();
   digests_.clear();
+  fingerprint_ = 0;
   ++epoch_;
   parity_ = parity_state::unknown;
   parity_message_.clear();

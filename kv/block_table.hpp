@@ -68,6 +68,12 @@ struct block_ref_hash {
   }
 };
 
+/// One block's contribution to a fingerprint: a digest of a set of blocks
+/// is the sum of its blocks' (mod 2^64), so a mirror and every copy of it
+/// keep theirs by adding and subtracting as blocks come and go, and equal
+/// sets have equal fingerprints. Sums of these collide only by chance.
+std::uint64_t fingerprint_of(const block_ref& b) noexcept;
+
 /// What a subscriber must apply to its copy to equal the table.
 struct table_delta {
   std::uint64_t epoch = 0;
@@ -162,6 +168,9 @@ public:
 
   std::size_t size() const noexcept { return presence_.size(); }
   std::uint64_t epoch() const noexcept { return epoch_; }
+  /// The sum of fingerprint_of over every held block: what a subscriber's
+  /// copy has once it applied every delta.
+  std::uint64_t fingerprint() const noexcept { return fingerprint_; }
   parity_state parity() const noexcept { return parity_; }
 
   /// True when the engine may hold blocks the table does not know: its last
@@ -211,6 +220,7 @@ private:
   std::unordered_map<block_ref, std::uint32_t, block_ref_hash> presence_; ///< live groups
   std::unordered_map<peer_id, peer_state> peers_;
   std::uint64_t epoch_ = 0;
+  std::uint64_t fingerprint_ = 0;
   bool partial_ = false;
 
   std::optional<parity_config> parity_config_;

@@ -5,14 +5,6 @@
 
 namespace llmgw::routing {
 
-std::uint64_t fingerprint_of(const kv::block_ref& b) noexcept {
-  // splitmix64 of the key and medium: sums of these collide only by chance.
-  auto x = b.key ^ (static_cast<std::uint64_t>(b.where) + 1) * 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 std::uint64_t fingerprint_of(const std::vector<kv::block_ref>& blocks) noexcept {
   std::uint64_t sum = 0;
   for (const auto& b : blocks)

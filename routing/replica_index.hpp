@@ -88,8 +88,7 @@ struct holder_info {
 /// A watched prediction (0: none).
 using watch_id = std::uint64_t;
 
-/// One block's contribution to a fingerprint.
-std::uint64_t fingerprint_of(const kv::block_ref& b) noexcept;
+using kv::fingerprint_of;
 
 /// The fingerprint of a set of blocks (what a mirror holds, say).
 std::uint64_t fingerprint_of(const std::vector<kv::block_ref>& blocks) noexcept;

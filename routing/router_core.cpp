@@ -145,6 +145,8 @@ void router_core::check(replica_entry& r, const request_progress& p, std::uint64
     return; // the rank's state was reset since: the answer speaks of another
   r.shortfall_drops += *dropped;
   bool fell_short = reported < p.predicted_cached_tokens;
+  ++r.answers_checked;
+  r.answers_short += fell_short ? 1 : 0;
   r.check_history = (r.check_history << 1) | (fell_short ? 1u : 0u);
   r.checks_seen = std::min(r.checks_seen + 1, check_window);
   auto share = settings_.distrust_shortfall_share;

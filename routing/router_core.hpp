@@ -261,6 +261,8 @@ public:
     bool distrusted = false;           ///< scored by tier 1 (see the top of this file)
     std::uint64_t distrusts = 0;       ///< times it became distrusted
     std::uint64_t shortfall_drops = 0; ///< blocks dropped because an answer lacked them
+    std::uint64_t answers_checked = 0; ///< answers checked against the index's prediction
+    std::uint64_t answers_short = 0;   ///< of those, fewer cached tokens than predicted
     /// Of the last checked answers, how many fell short.
     std::uint32_t recent_shortfalls() const;
     /// When this gateway's requests were sent there, and when they left the

@@ -246,6 +246,14 @@ void append_router_metrics(wire::metrics_text& m, const router_core& core,
                 "Blocks dropped from the index because the replica's answer showed its engine "
                 "lacked them (and it had not stored them again since).",
                 static_cast<double>(r.shortfall_drops), who);
+      for (auto [outcome, n] : {std::pair{"met", r.answers_checked - r.answers_short},
+                                {"short", r.answers_short}})
+        m.counter("llmgw_kv_answers_checked_total",
+                  "Answers whose cached tokens were checked against the index's prediction, "
+                  "by outcome: met, or short (the engine had fewer cached: the routing "
+                  "decision was made from state that was wrong, or went stale before the "
+                  "request reached the engine).",
+                  static_cast<double>(n), {{"replica", r.name}, {"outcome", outcome}});
     }
     if (r.engine_load_known) {
       wire::metric_labels who{{"replica", r.name}};

@@ -150,6 +150,8 @@ int run_node(const config::topology& topo_in, const std::string& name, std::size
     agent_handles counted;
     counted.subscribers = agent.subscribers;
     counted.forwarders = agent.forwarders;
+    counted.mirror_views = agent.mirror_views;
+    counted.loads = agent.loads;
     if (gw) { // both roles: the gateway's /metrics has the agent's counters too
       gw->add_metrics(
         [handles = counted](wire::metrics_text& m) { append_agent_metrics(m, handles); });
@@ -162,9 +164,11 @@ int run_node(const config::topology& topo_in, const std::string& name, std::size
             return respond(error_reply(405, "MethodNotAllowed", req.method + " is not allowed"));
           if (path == "/healthz")
             return respond(json_reply(200, R"({"status":"ok"})"));
+          if (path == "/v1/kv/mirrors")
+            return respond(json_reply(200, agent_mirrors_json(handles)));
           if (path != "/metrics")
-            return respond(
-              error_reply(404, "NotFoundError", "an agent serves /healthz and /metrics"));
+            return respond(error_reply(404, "NotFoundError",
+                                       "an agent serves /healthz, /metrics and /v1/kv/mirrors"));
           wire::metrics_text m;
           append_agent_metrics(m, handles);
           append_node_port_metrics(m);

@@ -42,7 +42,7 @@ TEST(cross_node, forwarder_session_and_acks_cross_the_network) {
   test::loopback_node_config agent_cfg;
   caf::actor_system agent_sys{agent_cfg};
   auto m = agent_sys.spawn(mirror, std::string("r0"), std::uint32_t{0},
-                           std::optional<kv::parity_config>{});
+                           std::optional<kv::parity_config>{}, nullptr);
   forwarder_options opts;
   opts.node = "agent-a";
   opts.control = "control-1";

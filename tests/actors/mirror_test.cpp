@@ -1,6 +1,7 @@
 // The mirror actor under CAF's deterministic test coordinator: no threads,
 // every message delivered by run(), results collected by a probe actor.
 #include "actors/mirror.hpp"
+#include "routing/replica_index.hpp"
 #include "tests/actors/deterministic.hpp"
 #include "tests/support/captures.hpp"
 
@@ -33,8 +34,9 @@ struct deterministic : llmgw::test::deterministic {
 } // namespace
 
 TEST_F(deterministic, mirror_gives_snapshot_then_net_changes) {
+  auto view = std::make_shared<mirror_view>();
   auto m = sys.spawn(mirror, std::string("r0"), std::uint32_t{0},
-                     std::optional<kv::parity_config>(kv::parity_config{"0", 16}));
+                     std::optional<kv::parity_config>(kv::parity_config{"0", 16}), view);
   auto batches = capture("S1_basic.map.int.json");
   caf::anon_send(m, apply_atom::value, test::one_batch(batches[0]));
   caf::anon_send(m, apply_atom::value, test::one_batch(batches[1]));
@@ -72,13 +74,23 @@ TEST_F(deterministic, mirror_gives_snapshot_then_net_changes) {
     want.insert({std::stoull(json::value_to<std::string>(b.at("hash"))), kv::medium::gpu});
   EXPECT_EQ(copy, want);
   EXPECT_FALSE(replies[2].added.empty());
+  // What the agent's admin listener shows: the same blocks, by fingerprint.
+  EXPECT_EQ(view->blocks.load(), want.size());
+  EXPECT_EQ(view->fingerprint.load(),
+            routing::fingerprint_of(std::vector<kv::block_ref>(want.begin(), want.end())));
+  EXPECT_EQ(view->parity.load(), static_cast<std::uint8_t>(kv::parity_state::verified));
+  caf::anon_send(m, reset_atom::value, kv::reset_reason::engine_exit);
+  sched.run();
+  EXPECT_EQ(view->blocks.load(), 0u);
+  EXPECT_EQ(view->fingerprint.load(), 0u);
+  EXPECT_EQ(view->resets[static_cast<std::size_t>(kv::reset_reason::engine_exit)].load(), 1u);
   caf::anon_send_exit(m, caf::exit_reason::user_shutdown);
   sched.run();
 }
 
 TEST_F(deterministic, mirror_reset_is_announced_first) {
   auto m =
-    sys.spawn(mirror, std::string("r1"), std::uint32_t{0}, std::optional<kv::parity_config>{});
+    sys.spawn(mirror, std::string("r1"), std::uint32_t{0}, std::optional<kv::parity_config>{}, nullptr);
   auto batches = capture("S1_basic.array.int.json");
   caf::anon_send(m, apply_atom::value, test::one_batch(batches[0]));
   sched.run();

@@ -101,7 +101,7 @@ struct agent_path {
 
   explicit agent_path(const std::string& topic, const std::string& replay = "") {
     mirror = sys.spawn(llmgw::mirror, std::string("r0"), std::uint32_t{0},
-                       std::optional<kv::parity_config>(kv::parity_config{"0", 16}));
+                       std::optional<kv::parity_config>(kv::parity_config{"0", 16}), nullptr);
     subscriber_options opts;
     opts.replica = "r0";
     opts.topic = topic;
@@ -236,7 +236,7 @@ TEST(agent_path, the_control_nodes_copy_equals_the_engines_blocks) {
   llmgw::test::loopback_node_config agent_cfg;
   caf::actor_system agent_sys{agent_cfg};
   auto m = agent_sys.spawn(mirror, std::string("r0"), std::uint32_t{0},
-                           std::optional<kv::parity_config>(kv::parity_config{"0", 16}));
+                           std::optional<kv::parity_config>(kv::parity_config{"0", 16}), nullptr);
   subscriber_options sopts;
   sopts.replica = "r0";
   sopts.topic = c.topic;

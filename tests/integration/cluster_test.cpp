@@ -325,7 +325,7 @@ TEST(cluster, a_node_holding_another_nodes_certificate_cannot_take_its_place) {
       llmgw::config::node_identity::load("agent-a", files.cert, files.key, c.dir() + "/ca.pem");
     ASSERT_TRUE(id);
     auto empty = sys.spawn(llmgw::mirror, std::string("b0"), std::uint32_t{0},
-                           std::optional<llmgw::kv::parity_config>{});
+                           std::optional<llmgw::kv::parity_config>{}, nullptr);
     llmgw::forwarder_options fo;
     fo.node = "agent-b";
     fo.control = "control-1";

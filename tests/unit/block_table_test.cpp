@@ -256,6 +256,10 @@ TEST(block_table, any_interleaving_of_events_and_drains_keeps_peers_equal) {
       }
       for (const auto& [id, copy] : peers)
         ASSERT_LE(t.pending_size(id), copy.blocks.size() + t.size());
+      std::uint64_t sum = 0; // the running fingerprint is the held blocks' digest
+      for (const auto& b : t.held())
+        sum += fingerprint_of(b);
+      ASSERT_EQ(t.fingerprint(), sum) << "trial " << trial << " step " << step;
     }
   }
 }

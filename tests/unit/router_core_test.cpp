@@ -508,6 +508,8 @@ TEST(router_core, persistent_shortfalls_distrust_a_replica_until_its_answers_agr
   answer(true); // the oldest right answer leaves the window: 17 of 32
   ASSERT_TRUE(rc.replicas()[1].distrusted);
   EXPECT_EQ(rc.replicas()[1].distrusts, 1u);
+  EXPECT_EQ(rc.replicas()[1].answers_checked, 33u) << "counted for good, not only the window";
+  EXPECT_EQ(rc.replicas()[1].answers_short, 17u);
   auto d = answer(false);
   EXPECT_TRUE(score_of(d, "r1").distrusted);
   EXPECT_FALSE(score_of(d, "r1").trusted);
