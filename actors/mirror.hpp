@@ -30,7 +30,7 @@ struct mirror_state {
   std::string replica;
   std::uint32_t dp_rank = 0;
   kv::block_table table;
-  kv::mirror_totals counters;       ///< sent along with every update
+  kv::mirror_totals counters;        ///< sent along with every update
   std::shared_ptr<mirror_view> view; ///< may be null
   static inline const char* name = "mirror";
 };

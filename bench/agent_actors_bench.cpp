@@ -66,8 +66,8 @@ int run_agent_actors_bench(int rounds) {
 
   bench_config cfg;
   caf::actor_system sys{cfg};
-  auto m =
-    sys.spawn(mirror, std::string("r0"), std::uint32_t{0}, std::optional<kv::parity_config>{}, nullptr);
+  auto m = sys.spawn(mirror, std::string("r0"), std::uint32_t{0},
+                     std::optional<kv::parity_config>{}, nullptr);
   auto updates = std::make_shared<std::atomic<std::uint64_t>>(0);
   auto control = sys.spawn(counting_control, updates);
   forwarder_options fo;

@@ -246,8 +246,8 @@ void append_router_metrics(wire::metrics_text& m, const router_core& core,
                 "Blocks dropped from the index because the replica's answer showed its engine "
                 "lacked them (and it had not stored them again since).",
                 static_cast<double>(r.shortfall_drops), who);
-      for (auto [outcome, n] : {std::pair{"met", r.answers_checked - r.answers_short},
-                                {"short", r.answers_short}})
+      for (auto [outcome, n] :
+           {std::pair{"met", r.answers_checked - r.answers_short}, {"short", r.answers_short}})
         m.counter("llmgw_kv_answers_checked_total",
                   "Answers whose cached tokens were checked against the index's prediction, "
                   "by outcome: met, or short (the engine had fewer cached: the routing "

@@ -17,10 +17,10 @@ struct forwarder_test : llmgw::test::deterministic {
   std::shared_ptr<llmgw::test::control_record> log =
     std::make_shared<llmgw::test::control_record>();
   control_actor control = stop_at_end(sys.spawn(llmgw::test::recording_control, log));
-  mirror_actor m0 = stop_at_end(
-    sys.spawn(mirror, std::string("r0"), std::uint32_t{0}, std::optional<kv::parity_config>{}, nullptr));
-  mirror_actor m1 = stop_at_end(
-    sys.spawn(mirror, std::string("r1"), std::uint32_t{0}, std::optional<kv::parity_config>{}, nullptr));
+  mirror_actor m0 = stop_at_end(sys.spawn(mirror, std::string("r0"), std::uint32_t{0},
+                                          std::optional<kv::parity_config>{}, nullptr));
+  mirror_actor m1 = stop_at_end(sys.spawn(mirror, std::string("r1"), std::uint32_t{0},
+                                          std::optional<kv::parity_config>{}, nullptr));
   std::vector<test::batch_ptr> s1 = capture("S1_basic.map.int.json");
   std::vector<test::batch_ptr> s3 = capture("S3_lora_salt.map.int.json");
   int connect_calls = 0;

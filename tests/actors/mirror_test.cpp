@@ -89,8 +89,8 @@ TEST_F(deterministic, mirror_gives_snapshot_then_net_changes) {
 }
 
 TEST_F(deterministic, mirror_reset_is_announced_first) {
-  auto m =
-    sys.spawn(mirror, std::string("r1"), std::uint32_t{0}, std::optional<kv::parity_config>{}, nullptr);
+  auto m = sys.spawn(mirror, std::string("r1"), std::uint32_t{0},
+                     std::optional<kv::parity_config>{}, nullptr);
   auto batches = capture("S1_basic.array.int.json");
   caf::anon_send(m, apply_atom::value, test::one_batch(batches[0]));
   sched.run();

@@ -69,8 +69,8 @@ TEST(engine_supervisor, restarts_an_exiting_engine_and_resets_its_mirror) {
   std::remove(record.c_str());
   sys_config cfg;
   caf::actor_system sys{cfg};
-  auto m =
-    sys.spawn(mirror, std::string("r0"), std::uint32_t{0}, std::optional<kv::parity_config>{}, nullptr);
+  auto m = sys.spawn(mirror, std::string("r0"), std::uint32_t{0},
+                     std::optional<kv::parity_config>{}, nullptr);
   config::engine_launch_options lo;
   lo.command = {"/bin/sh", "-c", "echo \"$PYTHONHASHSEED $*\" >> " + record + "; exit 3", "engine"};
   lo.seed = "1234";
