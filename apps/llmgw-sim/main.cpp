@@ -76,6 +76,9 @@ int run(int argc, char** argv) {
     ->capture_default_str();
   app.add_option("--sim-max-tokens", o.default_max_tokens, "max_tokens when a request has none")
     ->capture_default_str();
+  app.add_option("--sim-fail-file", o.fail_file,
+                 "while this file exists, answer as vLLM with a dead engine core: /health 503, "
+                 "completions 500 (for fault tests)");
   app.add_option("--sim-event-shape", shape, "array (vLLM before 2026-06) or map")
     ->check(CLI::IsMember({"array", "map"}))
     ->capture_default_str();

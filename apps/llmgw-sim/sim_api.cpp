@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <mutex>
 #include <optional>
+#include <unistd.h>
 
 namespace llmgw::sim {
 
@@ -250,6 +251,17 @@ void api::tokenize_endpoint(http_request&& req, const http_responder& respond) {
 
 void api::handle(http_request&& req, const http_responder& respond) {
   auto path = req.target.substr(0, req.target.find('?'));
+  if (!opts_.fail_file.empty() && ::access(opts_.fail_file.c_str(), F_OK) == 0) {
+    // vLLM once its engine core is gone: /health says 503
+    // (EngineDeadError), and each generation request fails with a 500.
+    if (req.method == "GET" && path == "/health")
+      return respond(http_reply{503, "application/json", "", {}});
+    if (req.method == "POST"
+        && (path == "/v1/completions" || path == "/v1/chat/completions" || path == "/tokenize"))
+      return respond(error_reply(500, "EngineDeadError",
+                                 "EngineCore encountered an issue. See stack trace (above) for "
+                                 "the root cause."));
+  }
   if (req.method == "POST" && path == "/v1/completions")
     return completion(std::move(req), respond, false);
   if (req.method == "POST" && path == "/v1/chat/completions")

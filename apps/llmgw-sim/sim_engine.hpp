@@ -35,6 +35,9 @@ struct engine_options {
   batch_options batch; ///< continuous batching and step time (sim_batch.hpp)
   bool prompt_tokens_details = false;
   std::size_t default_max_tokens = 16;
+  /// While this file exists, answer as vLLM does once its engine core died
+  /// (EngineDeadError): /health 503, generation 500. For fault tests.
+  std::string fail_file;
 };
 
 class engine {

@@ -10,8 +10,10 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <arpa/inet.h>
 #include <csignal>
+#include <dirent.h>
 #include <fcntl.h>
 #include <fstream>
 #include <future>
@@ -108,6 +110,9 @@ test_cluster::test_cluster(std::vector<test_node_spec> nodes, std::string extra_
   for (const auto& n : nodes_) {
     EXPECT_EQ(config::issue_node_certificate(dir_, n.name, {n.host}), "");
     admin_ports_[n.name] = free_port();
+    for (const auto& e : n.engines)
+      if (e.sim)
+        sim_ports_[e.replica] = free_port();
     if (n.control) {
       caf_ports_[n.name] = free_port();
       http_ports_[n.name] = free_port();
@@ -160,6 +165,16 @@ std::string test_cluster::write_topology(const std::vector<test_node_spec>& node
     if (!n.fingerprints.empty())
       t += fmt::format("fingerprints = [\"{}\"]\n", fmt::join(n.fingerprints, "\", \""));
     for (const auto& e : n.engines) {
+      if (e.sim) {
+        auto port = sim_ports_.at(e.replica);
+        t += fmt::format("\n[[node.engine]]\nreplica = \"{}\"\nmodel = \"{}\"\n"
+                         "url = \"http://127.0.0.1:{}\"\nkv_events = true\n"
+                         "launch = [\"{}\", \"serve\", \"{}\", \"--port\", \"{}\", "
+                         "\"--num-gpu-blocks\", \"2048\", \"--enable-prompt-tokens-details\", "
+                         "\"--sim-fail-file\", \"{}\"]\n",
+                         e.replica, e.model, port, LLMGW_SIM, e.model, port, fail_file(e.replica));
+        continue;
+      }
       std::vector<std::string> lora;
       for (const auto& l : e.lora)
         lora.push_back("\"" + l + "\"");
@@ -206,6 +221,26 @@ pid_t test_cluster::engine_pid(const std::string& replica) const {
   return pid;
 }
 
+pid_t test_cluster::sim_pid(const std::string& replica) const {
+  auto it = sim_ports_.find(replica);
+  if (it == sim_ports_.end())
+    return -1;
+  // The agent adds flags to the command line; "--port N" stays as written.
+  auto needle = std::string(LLMGW_SIM) + " serve ";
+  auto port = " --port " + std::to_string(it->second) + " ";
+  std::unique_ptr<DIR, int (*)(DIR*)> proc(::opendir("/proc"), ::closedir);
+  while (auto* e = proc ? ::readdir(proc.get()) : nullptr) {
+    if (!std::isdigit(static_cast<unsigned char>(e->d_name[0])))
+      continue;
+    std::ifstream in(std::string("/proc/") + e->d_name + "/cmdline");
+    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+    if (cmd.find(needle) != std::string::npos && cmd.find(port) != std::string::npos)
+      return static_cast<pid_t>(std::stoi(e->d_name));
+  }
+  return -1;
+}
+
 void test_cluster::signal(const std::string& name, int sig) {
   auto it = running_.find(name);
   if (it != running_.end() && it->second)
@@ -248,6 +283,13 @@ http_response test_cluster::post(const std::string& control, const std::string& 
 
 boost::json::value test_cluster::replicas(const std::string& control) {
   auto r = admin_get(control, "/v1/kv/replicas");
+  if (r.status != 200)
+    return nullptr;
+  return boost::json::parse(r.body);
+}
+
+boost::json::value test_cluster::mirrors(const std::string& agent) {
+  auto r = admin_get(agent, "/v1/kv/mirrors");
   if (r.status != 200)
     return nullptr;
   return boost::json::parse(r.body);

@@ -28,7 +28,8 @@ namespace llmgw::test {
 std::uint16_t free_port();
 
 /// An engine of an agent node, launched as llmgw-test-engine publishing a
-/// capture's frames.
+/// capture's frames, or (sim) as llmgw-sim serving requests on a free port
+/// with 2,048 blocks (its url set to it).
 struct test_engine_spec {
   std::string replica;
   std::string capture; ///< file name in golden/vllm-captures
@@ -36,7 +37,16 @@ struct test_engine_spec {
   bool kv_events = true;
   std::string url = "http://127.0.0.1:1"; ///< its HTTP API (/tokenize)
   std::vector<std::string> lora = {};     ///< LoRA adapters it serves
+  bool sim = false;
 };
+
+/// A simulated engine (llmgw-sim) with KV events, serving model "m".
+inline test_engine_spec sim_engine(std::string replica) {
+  test_engine_spec e;
+  e.replica = std::move(replica);
+  e.sim = true;
+  return e;
+}
 
 struct test_node_spec {
   std::string name;
@@ -81,6 +91,21 @@ public:
   /// The pid of the test engine serving `replica` (0 before it started).
   pid_t engine_pid(const std::string& replica) const;
 
+  /// The pid of the llmgw-sim serving `replica` (-1 if none runs).
+  pid_t sim_pid(const std::string& replica) const;
+
+  /// While this file exists, the sim serving `replica` answers as a vLLM
+  /// whose engine core died (llmgw-sim --sim-fail-file).
+  std::string fail_file(const std::string& replica) const { return dir_ + "/" + replica + ".fail"; }
+
+  /// The base URL of the control node's gateway.
+  std::string gateway_url(const std::string& control) const {
+    return "http://127.0.0.1:" + std::to_string(http_ports_.at(control));
+  }
+
+  /// The agent node's /v1/kv/mirrors, as JSON (null if unreachable).
+  boost::json::value mirrors(const std::string& agent);
+
   /// Sends `sig` to the node without waiting (SIGSTOP, SIGCONT).
   void signal(const std::string& name, int sig);
 
@@ -117,6 +142,7 @@ private:
   std::map<std::string, std::uint16_t> caf_ports_;
   std::map<std::string, std::uint16_t> http_ports_;
   std::map<std::string, std::uint16_t> admin_ports_; ///< every node has one
+  std::map<std::string, std::uint16_t> sim_ports_;   ///< by replica, of sim engines
   std::map<std::string, std::unique_ptr<child_process>> running_;
   std::map<std::string, std::string> logs_;
   http_client http_;

@@ -1,0 +1,485 @@
+// Faults injected into a running cluster of real processes while requests
+// flow through the gateways and simulated engines publish KV events: two
+// control nodes, two agents, four llmgw-sim engines, 20 requests a second.
+// Each test checks what issue 14 asks of every fault:
+//   - no request is lost: each gets an answer (a 200, or an error answer),
+//     none hangs;
+//   - no routing decision is made from wrong KV state: every answer whose
+//     cached tokens were checked against the index's prediction met it
+//     (llmgw_kv_answers_checked_total{outcome="short"} stays 0; the engines
+//     have room for every document, so nothing is evicted that would excuse
+//     a shortfall);
+//   - the cluster converges back: every control node's view of every
+//     replica equals the agent's mirror (fingerprints) within 5 s of the
+//     traffic stopping.
+// Each prints one line for RELIABILITY.md: the fault, when it was detected
+// and when the cluster recovered (ms after the fault, and after its end).
+#include "net/http_client.hpp"
+#include "tests/integration/test_cluster.hpp"
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <csignal>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <unistd.h>
+
+using namespace std::chrono_literals;
+using namespace llmgw;
+namespace json = boost::json;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+const std::vector<std::string> replicas = {"a0", "a1", "b0", "b1"};
+
+/// Requests at a steady rate to the gateways named, each answer recorded.
+class traffic {
+public:
+  struct outcome {
+    int status = 0;
+    bool body_ok = false; ///< a completion with choices, or an OpenAI error object
+    std::string replica, tier, error;
+  };
+
+  explicit traffic(std::vector<std::string> gateways) : gateways_(std::move(gateways)) {
+    thread_ = std::thread([this] { run(); });
+  }
+  ~traffic() { stop(); }
+
+  /// Stops sending and waits (bounded) for every answer.
+  void stop() {
+    if (!thread_.joinable())
+      return;
+    stopping_ = true;
+    thread_.join();
+    test::test_cluster::eventually([this] { return answered() == sent_; }, 30s);
+  }
+
+  /// Waits (bounded) until `n` more answers came: traffic under way.
+  bool more(std::size_t n) {
+    auto target = answered() + n;
+    return test::test_cluster::eventually([&] { return answered() >= target; }, 20s);
+  }
+
+  void use(std::vector<std::string> gateways) {
+    std::lock_guard<std::mutex> lock(mtx_);
+    gateways_ = std::move(gateways);
+  }
+
+  std::size_t sent() const { return sent_; }
+  std::size_t answered() const {
+    std::lock_guard<std::mutex> lock(mtx_);
+    return outcomes_.size();
+  }
+  std::vector<outcome> outcomes() const {
+    std::lock_guard<std::mutex> lock(mtx_);
+    return outcomes_;
+  }
+
+private:
+  void run() {
+    // Six shared documents of about 30 blocks each, asked different things:
+    // the prefix tree and the KV index both have something to find.
+    std::vector<std::string> docs;
+    for (int d = 0; d < 6; ++d) {
+      std::string text;
+      for (int w = 0; w < 400; ++w)
+        text += fmt::format("doc{}word{} ", d, (w * 7919 + d) % 1000);
+      docs.push_back(std::move(text));
+    }
+    auto next = clock_type::now();
+    for (std::size_t n = 0; !stopping_; ++n) {
+      std::string url;
+      {
+        std::lock_guard<std::mutex> lock(mtx_);
+        url = gateways_[n % gateways_.size()];
+      }
+      json::object body{{"model", "m"},
+                        {"prompt", docs[n % docs.size()] + fmt::format("question {}", n)},
+                        {"max_tokens", 8}};
+      auto state = std::make_shared<outcome>();
+      auto received = std::make_shared<std::string>();
+      http_call_handlers h;
+      h.on_head = [state](int status, const std::vector<std::pair<std::string, std::string>>& hs) {
+        state->status = status;
+        for (const auto& [k, v] : hs) {
+          if (k == "x-llmgw-replica")
+            state->replica = v;
+          if (k == "x-llmgw-tier")
+            state->tier = v;
+        }
+      };
+      h.on_data = [received](const std::string& data) { *received += data; };
+      h.on_done = [this, state, received](const http_error& e) {
+        if (!e.ok()) {
+          state->error = e.message;
+          if (state->status != 0)
+            state->status = -state->status; // a head, then the body broke off
+        }
+        boost::system::error_code ec;
+        auto doc = json::parse(*received, ec);
+        state->body_ok = !ec && doc.is_object()
+                         && (state->status == 200 ? doc.as_object().contains("choices")
+                                                  : doc.as_object().contains("error"));
+        std::lock_guard<std::mutex> lock(mtx_);
+        outcomes_.push_back(*state);
+      };
+      http_.call("POST", url, "/v1/completions", json::serialize(body), {}, 2s, 20s, std::move(h));
+      ++sent_;
+      next += 50ms;
+      std::this_thread::sleep_until(next);
+    }
+  }
+
+  mutable std::mutex mtx_;
+  std::vector<std::string> gateways_;
+  std::vector<outcome> outcomes_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<std::size_t> sent_{0};
+  http_client http_;
+  std::thread thread_;
+};
+
+class faults : public ::testing::Test {
+protected:
+  faults()
+    : c({{"control-1", true, false, "127.0.0.1", {}},
+         {"control-2", true, false, "127.0.0.1", {}},
+         {"agent-a", false, true, "127.0.0.1", {test::sim_engine("a0"), test::sim_engine("a1")}},
+         {"agent-b", false, true, "127.0.0.1", {test::sim_engine("b0"), test::sim_engine("b1")}}}) {
+    // Probes every 300 ms: detection in about a second, not the default 4 s.
+    std::ofstream(c.topology_path(), std::ios::app)
+      << "\n[gateway]\nhealth_interval_ms = 300\nhealth_timeout_ms = 300\n";
+  }
+
+  void SetUp() override {
+    for (const char* n : {"control-1", "control-2", "agent-a", "agent-b"})
+      c.start(n);
+    ASSERT_TRUE(c.wait_ready("control-1", 20s)) << c.log_of("control-1");
+    ASSERT_TRUE(c.wait_ready("control-2", 20s)) << c.log_of("control-2");
+    ASSERT_TRUE(c.eventually([&] { return converged(); }, 30s))
+      << "the cluster never agreed at the start\n"
+      << c.log_of("agent-a");
+  }
+
+  /// The rank-0 view of `replica` on `control` (null if it has none).
+  static const json::object* rank0(const json::value& view, const std::string& replica) {
+    if (!view.is_object())
+      return nullptr;
+    for (const auto& r : view.at("replicas").as_array())
+      if (r.at("replica").as_string() == replica.c_str()) {
+        const auto& ranks = r.at("ranks").as_array();
+        return ranks.empty() ? nullptr : &ranks[0].as_object();
+      }
+    return nullptr;
+  }
+
+  /// A field of `replica`'s entry in the control node's /v1/kv/replicas.
+  bool replica_flag(const std::string& control, const std::string& replica, const char* field) {
+    auto view = c.replicas(control);
+    if (!view.is_object())
+      return false;
+    for (const auto& r : view.at("replicas").as_array())
+      if (r.at("replica").as_string() == replica.c_str())
+        return r.at(field).as_bool();
+    return false;
+  }
+
+  bool has_state(const std::string& control, const std::string& replica) {
+    auto view = c.replicas(control);
+    const auto* r = rank0(view, replica);
+    return r && r->at("has_state").as_bool();
+  }
+
+  /// Every running control node holds what every mirror holds, and every
+  /// replica is up.
+  bool converged(const std::vector<std::string>& controls = {"control-1", "control-2"}) {
+    std::map<std::string, std::string> mirror;
+    for (const char* agent : {"agent-a", "agent-b"}) {
+      auto m = c.mirrors(agent);
+      if (!m.is_object())
+        return false;
+      for (const auto& x : m.at("mirrors").as_array())
+        mirror[json::value_to<std::string>(x.at("replica"))] =
+          json::value_to<std::string>(x.at("fingerprint"));
+    }
+    for (const auto& control : controls) {
+      auto view = c.replicas(control);
+      for (const auto& r : replicas) {
+        const auto* x = rank0(view, r);
+        if (!x || !x->at("has_state").as_bool() || mirror.count(r) == 0
+            || x->at("fingerprint").as_string() != mirror[r].c_str())
+          return false;
+        if (replica_flag(control, r, "down"))
+          return false;
+      }
+    }
+    return true;
+  }
+
+  /// The sum of a control node's samples of `name` whose labels contain `label`.
+  double sum_of(const std::string& control, const std::string& name, const std::string& label) {
+    auto r = c.admin_get(control, "/metrics");
+    std::istringstream in(r.body);
+    std::string line;
+    double sum = 0;
+    while (std::getline(in, line))
+      if (line.rfind(name + "{", 0) == 0 && line.find(label) != std::string::npos)
+        sum += std::stod(line.substr(line.rfind(' ') + 1));
+    return sum;
+  }
+
+  static double ms_since(clock_type::time_point t) {
+    return std::chrono::duration<double, std::milli>(clock_type::now() - t).count();
+  }
+
+  /// Waits for `check`, the ms it took from `from` (or -1 if it never held).
+  double time_until(clock_type::time_point from, const std::function<bool()>& check,
+                    std::chrono::milliseconds timeout) {
+    if (!c.eventually(check, timeout))
+      return -1;
+    return ms_since(from);
+  }
+
+  /// Stops the traffic and checks the three properties; prints the row.
+  void finish(traffic& t, const std::string& fault, double detected_ms, double recovered_ms,
+              const std::vector<std::string>& controls = {"control-1", "control-2"}) {
+    t.stop();
+    auto outcomes = t.outcomes();
+    ASSERT_EQ(outcomes.size(), t.sent()) << "every request is answered, none hangs";
+    std::size_t ok = 0, errors = 0;
+    for (const auto& o : outcomes) {
+      EXPECT_NE(o.status, 0) << "a request got no answer: " << o.error;
+      EXPECT_TRUE(o.body_ok) << "status " << o.status << " from " << o.replica << ": " << o.error;
+      (o.status == 200 && o.body_ok ? ok : errors) += 1;
+    }
+    double met = 0, short_answers = 0;
+    for (const auto& control : controls) {
+      met += sum_of(control, "llmgw_kv_answers_checked_total", "outcome=\"met\"");
+      short_answers += sum_of(control, "llmgw_kv_answers_checked_total", "outcome=\"short\"");
+    }
+    EXPECT_GT(met, 0) << "answers were checked against the index";
+    EXPECT_EQ(short_answers, 0) << "a decision was made from wrong KV state";
+    auto stopped = clock_type::now();
+    double converged_ms = time_until(
+      stopped, [&] { return converged(controls); }, 5s);
+    EXPECT_GE(converged_ms, 0) << "the control nodes' views did not come to equal the mirrors";
+    std::printf("[fault] %s | detected %.0f ms | recovered %.0f ms after the fault ended | "
+                "%zu requests: %zu answered 200, %zu error answers, 0 lost | %.0f short of "
+                "%.0f checked | views equal the mirrors %.0f ms after the traffic stopped\n",
+                fault.c_str(), detected_ms, recovered_ms, outcomes.size(), ok, errors,
+                short_answers, met + short_answers, converged_ms);
+  }
+
+  std::uint64_t resets_of(const std::string& control, const std::string& replica) {
+    auto view = c.replicas(control);
+    const auto* r = rank0(view, replica);
+    return r ? json::value_to<std::uint64_t>(r->at("resets")) : 0;
+  }
+
+  test::test_cluster c;
+};
+
+TEST_F(faults, engine_killed_and_restarted) {
+  traffic t({c.gateway_url("control-1"), c.gateway_url("control-2")});
+  ASSERT_TRUE(t.more(20)) << "traffic flows before the fault";
+  auto pid = c.sim_pid("a0");
+  ASSERT_GT(pid, 0);
+  auto before = resets_of("control-1", "a0");
+  auto t0 = clock_type::now();
+  ::kill(pid, SIGKILL);
+  double detected = time_until(
+    t0,
+    [&] { return resets_of("control-1", "a0") > before && resets_of("control-2", "a0") > before; },
+    10s);
+  EXPECT_GE(detected, 0) << "the engine's exit reset its state on both control nodes";
+  // The agent restarts it; the fault ends when its new process runs.
+  ASSERT_TRUE(c.eventually(
+    [&] {
+      auto p = c.sim_pid("a0");
+      return p > 0 && p != pid;
+    },
+    15s));
+  auto t1 = clock_type::now();
+  double recovered = time_until(
+    t1,
+    [&] {
+      return !replica_flag("control-1", "a0", "down") && !replica_flag("control-2", "a0", "down")
+             && has_state("control-1", "a0") && has_state("control-2", "a0");
+    },
+    15s);
+  EXPECT_GE(recovered, 0) << "the restarted engine is routed to again";
+  ASSERT_TRUE(t.more(20));
+  finish(t, "engine killed (kill -9), restarted by its agent", detected, recovered);
+}
+
+TEST_F(faults, engine_answering_500_is_avoided_and_probed_back) {
+  traffic t({c.gateway_url("control-1"), c.gateway_url("control-2")});
+  ASSERT_TRUE(t.more(20));
+  auto t0 = clock_type::now();
+  std::ofstream(c.fail_file("b0")) << "dead\n";
+  double detected = time_until(
+    t0,
+    [&] {
+      return replica_flag("control-1", "b0", "down") && replica_flag("control-2", "b0", "down");
+    },
+    10s);
+  EXPECT_GE(detected, 0) << "probes answered 503: both gateways avoid the engine";
+  ASSERT_TRUE(t.more(20));
+  auto t1 = clock_type::now();
+  ::unlink(c.fail_file("b0").c_str());
+  double recovered = time_until(
+    t1,
+    [&] {
+      return !replica_flag("control-1", "b0", "down") && !replica_flag("control-2", "b0", "down");
+    },
+    10s);
+  EXPECT_GE(recovered, 0) << "a good probe brings it back";
+  finish(t, "engine answers 500 (and /health 503)", detected, recovered);
+}
+
+TEST_F(faults, engine_frozen_is_avoided_and_probed_back) {
+  traffic t({c.gateway_url("control-1"), c.gateway_url("control-2")});
+  ASSERT_TRUE(t.more(20));
+  auto pid = c.sim_pid("b1");
+  ASSERT_GT(pid, 0);
+  auto t0 = clock_type::now();
+  ::kill(pid, SIGSTOP); // accepts connections (the kernel does), never answers
+  double detected = time_until(
+    t0,
+    [&] {
+      return replica_flag("control-1", "b1", "down") && replica_flag("control-2", "b1", "down");
+    },
+    10s);
+  EXPECT_GE(detected, 0) << "probes time out: both gateways avoid the engine";
+  ASSERT_TRUE(t.more(20));
+  auto t1 = clock_type::now();
+  ::kill(pid, SIGCONT);
+  double recovered = time_until(
+    t1,
+    [&] {
+      return !replica_flag("control-1", "b1", "down") && !replica_flag("control-2", "b1", "down");
+    },
+    10s);
+  EXPECT_GE(recovered, 0);
+  finish(t, "engine frozen (SIGSTOP, then SIGCONT)", detected, recovered);
+}
+
+TEST_F(faults, agent_killed_and_restarted) {
+  traffic t({c.gateway_url("control-1"), c.gateway_url("control-2")});
+  ASSERT_TRUE(t.more(20));
+  auto t0 = clock_type::now();
+  c.stop("agent-b", SIGKILL);
+  double detected = time_until(
+    t0,
+    [&] {
+      for (const char* ctl : {"control-1", "control-2"})
+        for (const char* r : {"b0", "b1"})
+          if (has_state(ctl, r))
+            return false;
+      return true;
+    },
+    10s);
+  EXPECT_GE(detected, 0) << "both control nodes drop the dead agent's replicas";
+  auto t1 = clock_type::now();
+  c.start("agent-b");
+  double recovered = time_until(
+    t1,
+    [&] {
+      for (const char* ctl : {"control-1", "control-2"})
+        for (const char* r : {"b0", "b1"})
+          if (!has_state(ctl, r) || replica_flag(ctl, r, "down"))
+            return false;
+      return true;
+    },
+    20s);
+  EXPECT_GE(recovered, 0) << "a full copy from the restarted agent";
+  ASSERT_TRUE(t.more(20));
+  finish(t, "agent killed (kill -9; its engines die with it), restarted", detected, recovered);
+}
+
+TEST_F(faults, agent_frozen_then_resumed) {
+  traffic t({c.gateway_url("control-1"), c.gateway_url("control-2")});
+  ASSERT_TRUE(t.more(20));
+  auto t0 = clock_type::now();
+  c.signal("agent-a", SIGSTOP); // its engines keep serving; their events wait
+  double detected = time_until(
+    t0, [&] { return !has_state("control-1", "a0") && !has_state("control-2", "a0"); }, 10s);
+  EXPECT_GE(detected, 0) << "the heartbeat timeout drops the frozen agent's replicas";
+  ASSERT_TRUE(t.more(20));
+  auto t1 = clock_type::now();
+  c.signal("agent-a", SIGCONT);
+  double recovered = time_until(
+    t1,
+    [&] {
+      return has_state("control-1", "a0") && has_state("control-2", "a0")
+             && has_state("control-1", "a1") && has_state("control-2", "a1");
+    },
+    15s);
+  EXPECT_GE(recovered, 0) << "the agent comes back with a full copy";
+  finish(t, "agent frozen (SIGSTOP, then SIGCONT)", detected, recovered);
+}
+
+TEST_F(faults, control_killed_the_other_serves_and_the_restarted_one_catches_up) {
+  traffic t({c.gateway_url("control-1")}); // a load balancer stops sending to the dead one
+  ASSERT_TRUE(t.more(20));
+  auto t0 = clock_type::now();
+  c.stop("control-2", SIGKILL);
+  double detected = time_until(
+    t0,
+    [&] {
+      for (const char* agent : {"agent-a", "agent-b"}) {
+        auto r = c.admin_get(agent, "/metrics");
+        if (r.body.find("llmgw_agent_session_up{control=\"control-2\"} 0") == std::string::npos)
+          return false;
+      }
+      return true;
+    },
+    10s);
+  EXPECT_GE(detected, 0) << "both agents see the session end";
+  ASSERT_TRUE(t.more(20));
+  auto t1 = clock_type::now();
+  c.start("control-2");
+  double recovered = time_until(
+    t1, [&] { return converged({"control-2"}); }, 15s);
+  EXPECT_GE(recovered, 0) << "the restarted control node holds every agent's full copy";
+  t.use({c.gateway_url("control-1"), c.gateway_url("control-2")});
+  ASSERT_TRUE(t.more(20));
+  finish(t, "control node killed (kill -9), restarted; traffic on the other", detected, recovered);
+}
+
+TEST_F(faults, control_frozen_then_resumed) {
+  traffic t({c.gateway_url("control-1")});
+  ASSERT_TRUE(t.more(20));
+  auto t0 = clock_type::now();
+  c.signal("control-2", SIGSTOP);
+  double detected = time_until(
+    t0,
+    [&] {
+      for (const char* agent : {"agent-a", "agent-b"}) {
+        auto r = c.admin_get(agent, "/metrics");
+        if (r.body.find("llmgw_agent_session_up{control=\"control-2\"} 0") == std::string::npos)
+          return false;
+      }
+      return true;
+    },
+    10s);
+  EXPECT_GE(detected, 0) << "both agents' heartbeats find the frozen control node";
+  ASSERT_TRUE(t.more(20));
+  auto t1 = clock_type::now();
+  c.signal("control-2", SIGCONT);
+  double recovered = time_until(
+    t1, [&] { return converged({"control-2"}); }, 15s);
+  EXPECT_GE(recovered, 0) << "the agents send it a full copy again";
+  t.use({c.gateway_url("control-1"), c.gateway_url("control-2")});
+  ASSERT_TRUE(t.more(20));
+  finish(t, "control node frozen (SIGSTOP, then SIGCONT)", detected, recovered);
+}
+
+} // namespace
