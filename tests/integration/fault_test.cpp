@@ -15,6 +15,7 @@
 // Each prints one line for RELIABILITY.md: the fault, when it was detected
 // and when the cluster recovered (ms after the fault, and after its end).
 #include "net/http_client.hpp"
+#include "tests/integration/tcp_proxy.hpp"
 #include "tests/integration/test_cluster.hpp"
 
 #include <boost/json.hpp>
@@ -160,7 +161,7 @@ protected:
 
   void SetUp() override {
     for (const char* n : {"control-1", "control-2", "agent-a", "agent-b"})
-      c.start(n);
+      c.start(n, topology_of[n]);
     ASSERT_TRUE(c.wait_ready("control-1", 20s)) << c.log_of("control-1");
     ASSERT_TRUE(c.wait_ready("control-2", 20s)) << c.log_of("control-2");
     ASSERT_TRUE(c.eventually([&] { return converged(); }, 30s))
@@ -284,6 +285,47 @@ protected:
   }
 
   test::test_cluster c;
+  std::map<std::string, std::string> topology_of; ///< a node's own file ("": the cluster's)
+};
+
+/// agent-b reaches control-1 through a proxy the test can stall and cut.
+class link_faults : public faults {
+protected:
+  link_faults() : proxy(c.caf_port("control-1")) {
+    std::ifstream in(c.topology_path());
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto from = fmt::format("port = {}\n", c.caf_port("control-1"));
+    auto at = text.find(from);
+    EXPECT_NE(at, std::string::npos);
+    text.replace(at, from.size(), fmt::format("port = {}\n", proxy.port()));
+    topology_of["agent-b"] = c.dir() + "/agent-b.toml";
+    std::ofstream(topology_of["agent-b"]) << text;
+  }
+
+  /// Whether control-1 holds state for agent-b's replicas.
+  bool control1_has_b() { return has_state("control-1", "b0") && has_state("control-1", "b1"); }
+
+  /// Runs one link fault: `fault` starts it, the proxy's restore ends it.
+  void run(const std::string& name, const std::function<void()>& fault) {
+    traffic t({c.gateway_url("control-1"), c.gateway_url("control-2")});
+    ASSERT_TRUE(t.more(20));
+    auto sessions = proxy.connections();
+    auto t0 = clock_type::now();
+    fault();
+    double detected = time_until(t0, [&] { return !has_state("control-1", "b0"); }, 10s);
+    EXPECT_GE(detected, 0) << "control-1 drops the replicas it no longer hears of";
+    EXPECT_TRUE(has_state("control-2", "b0")) << "the other control node is not affected";
+    ASSERT_TRUE(t.more(20));
+    auto t1 = clock_type::now();
+    proxy.restore();
+    double recovered = time_until(t1, [&] { return control1_has_b(); }, 15s);
+    EXPECT_GE(recovered, 0) << "a new session sends a full copy";
+    EXPECT_GT(proxy.connections(), sessions) << "agent-b connected again";
+    ASSERT_TRUE(t.more(20));
+    finish(t, name, detected, recovered);
+  }
+
+  test::tcp_proxy proxy;
 };
 
 TEST_F(faults, engine_killed_and_restarted) {
@@ -480,6 +522,20 @@ TEST_F(faults, control_frozen_then_resumed) {
   t.use({c.gateway_url("control-1"), c.gateway_url("control-2")});
   ASSERT_TRUE(t.more(20));
   finish(t, "control node frozen (SIGSTOP, then SIGCONT)", detected, recovered);
+}
+
+} // namespace
+
+namespace {
+
+TEST_F(link_faults, a_stalled_link_ends_the_session_and_a_new_one_sends_a_full_copy) {
+  run("link agent to control node stalls (no byte delivered), then delivers",
+      [&] { proxy.stall(); });
+}
+
+TEST_F(link_faults, a_cut_link_ends_the_session_and_a_new_one_sends_a_full_copy) {
+  run("link agent to control node cut (connections closed, new ones refused), then restored",
+      [&] { proxy.cut(); });
 }
 
 } // namespace
