@@ -90,6 +90,23 @@ std::uint16_t free_port_run(std::uint32_t count) {
   return 0;
 }
 
+/// Whether ports `base` to `base + count - 1` on loopback can be bound now.
+bool port_run_free(std::uint16_t base, std::uint32_t count) {
+  for (std::uint32_t r = 0; r < count; ++r) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<std::uint16_t>(base + r));
+    bool ok = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    if (fd >= 0)
+      close(fd);
+    if (!ok)
+      return false;
+  }
+  return true;
+}
+
 /// A new folder only this user can enter (mode 0700), for launched engines'
 /// ipc sockets; "" and `error` set if none can be made.
 std::string private_folder(const std::string& node, std::string& error) {
@@ -158,12 +175,20 @@ agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg) {
     }
     bool events = !ranks.empty();
     std::vector<std::string> replay(e.dp_size); // per rank, where the engine's replay is
+    // Ports on loopback for a launched engine's replay, which the engine
+    // binds itself: on a restart they may be another socket's by now, and
+    // the supervisor moves the engine to free ones (see below).
+    std::uint16_t replay_base = 0;
+    std::vector<std::shared_ptr<replay_address>> replay_moves;
     if (events && !e.launch.empty() && e.replay) {
       if (private_sockets) {
         replay[0] = "ipc://" + folder + "/" + std::to_string(index) + ".replay";
       } else if (auto base = free_port_run(e.dp_size); base != 0) {
-        for (std::uint32_t r = 0; r < e.dp_size; ++r)
+        replay_base = base;
+        for (std::uint32_t r = 0; r < e.dp_size; ++r) {
           replay[r] = "tcp://127.0.0.1:" + std::to_string(base + r);
+          replay_moves.push_back(std::make_shared<replay_address>());
+        }
       }
     } else if (events && !e.replay_endpoint.empty()) {
       replay[0] = e.replay_endpoint; // an attached engine's, rank 0's
@@ -187,6 +212,8 @@ agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg) {
       opts.replica = e.replica;
       opts.topic = e.topic;
       opts.replay = replay[r];
+      if (!replay_moves.empty())
+        opts.replay_moves = replay_moves[r];
       // The replay address is known only now (it follows the events socket).
       std::string error;
       if (!replay[r].empty() && !ranks[r].socket->connect_replay(replay[r], error))
@@ -210,6 +237,21 @@ agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg) {
       engine_supervisor_options so;
       so.replica = e.replica;
       so.launch = config::make_engine_launch(lo);
+      if (replay_base != 0)
+        so.before_restart = [lo, replay_moves, base = replay_base, count = e.dp_size,
+                             who](config::engine_launch& launch) mutable {
+          if (port_run_free(base, count))
+            return;
+          auto fresh = free_port_run(count);
+          if (fresh == 0)
+            return; // the engine tries the old ports; failing, it is restarted again
+          LLMGW_LOG(warning, who, "replay port {} is taken: the engine moves to {}", base, fresh);
+          base = fresh;
+          lo.replay_endpoint = "tcp://127.0.0.1:" + std::to_string(base);
+          launch = config::make_engine_launch(lo);
+          for (std::uint32_t r = 0; r < count; ++r)
+            replay_moves[r]->set("tcp://127.0.0.1:" + std::to_string(base + r));
+        };
       // The supervisor resets rank 0's mirror on exit; the other ranks' streams
       // restart at seq 0 when the engine comes back, which resets them too.
       out.actors.push_back(

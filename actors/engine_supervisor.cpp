@@ -184,6 +184,8 @@ engine_supervisor(engine_supervisor_actor::stateful_pointer<engine_supervisor_st
       auto& st = self->state;
       if (st.pid > 0)
         return;
+      if (st.starts > 0 && st.opts.before_restart)
+        st.opts.before_restart(st.opts.launch);
       std::string error;
       st.pid = spawn_engine(st.opts.launch, error);
       st.started_at = std::chrono::steady_clock::now();

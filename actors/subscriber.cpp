@@ -90,7 +90,17 @@ void subscriber(caf::blocking_actor* self, const std::shared_ptr<kv_event_socket
   };
 
   bool running = true;
+  std::uint64_t replay_seen = 0;
   while (running) {
+    if (opts.replay_moves)
+      if (auto moved = opts.replay_moves->changed(replay_seen)) {
+        std::string error;
+        if (socket->connect_replay(*moved, error))
+          LLMGW_LOG(info, who, "the engine's replay endpoint moved to {}", *moved);
+        else
+          LLMGW_LOG(warning, who, "gaps will not be filled by replay: {}", error);
+        stats->replay = socket->has_replay();
+      }
     socket->wait(opts.poll_interval);
     socket->pump(stream, std::chrono::steady_clock::now(), handlers);
     flush_pending();

@@ -15,6 +15,8 @@
 
 #include <chrono>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 
 namespace llmgw {
@@ -31,8 +33,34 @@ struct subscriber_stats {
   std::atomic<bool> replay{false}; ///< gaps can be filled from the engine's replay endpoint
 };
 
+/// Where an engine's replay endpoint is now. The agent moves it when it
+/// restarts a launched engine on other ports (the old ones taken meanwhile);
+/// the subscriber, which owns the socket, reconnects between polls.
+class replay_address {
+public:
+  void set(std::string endpoint) {
+    std::lock_guard<std::mutex> lock(mtx_);
+    endpoint_ = std::move(endpoint);
+    ++version_;
+  }
+  /// The endpoint, if it was set since version `seen` (then updated).
+  std::optional<std::string> changed(std::uint64_t& seen) const {
+    std::lock_guard<std::mutex> lock(mtx_);
+    if (seen == version_)
+      return std::nullopt;
+    seen = version_;
+    return endpoint_;
+  }
+
+private:
+  mutable std::mutex mtx_;
+  std::string endpoint_;
+  std::uint64_t version_ = 0;
+};
+
 struct subscriber_options : kv_event_socket_options {
-  std::string replica; ///< for logs and metrics
+  std::shared_ptr<replay_address> replay_moves; ///< may be null: the replay never moves
+  std::string replica;                          ///< for logs and metrics
   std::chrono::milliseconds replay_timeout{2000};
   std::chrono::milliseconds poll_interval{20};
 };

@@ -22,11 +22,14 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
 #include <atomic>
 #include <csignal>
 #include <fstream>
 #include <mutex>
+#include <netinet/in.h>
 #include <sstream>
+#include <sys/socket.h>
 #include <thread>
 #include <unistd.h>
 
@@ -312,13 +315,15 @@ protected:
     auto sessions = proxy.connections();
     auto t0 = clock_type::now();
     fault();
-    double detected = time_until(t0, [&] { return !has_state("control-1", "b0"); }, 10s);
+    double detected = time_until(
+      t0, [&] { return !has_state("control-1", "b0"); }, 10s);
     EXPECT_GE(detected, 0) << "control-1 drops the replicas it no longer hears of";
     EXPECT_TRUE(has_state("control-2", "b0")) << "the other control node is not affected";
     ASSERT_TRUE(t.more(20));
     auto t1 = clock_type::now();
     proxy.restore();
-    double recovered = time_until(t1, [&] { return control1_has_b(); }, 15s);
+    double recovered = time_until(
+      t1, [&] { return control1_has_b(); }, 15s);
     EXPECT_GE(recovered, 0) << "a new session sends a full copy";
     EXPECT_GT(proxy.connections(), sessions) << "agent-b connected again";
     ASSERT_TRUE(t.more(20));
@@ -536,6 +541,63 @@ TEST_F(link_faults, a_stalled_link_ends_the_session_and_a_new_one_sends_a_full_c
 TEST_F(link_faults, a_cut_link_ends_the_session_and_a_new_one_sends_a_full_copy) {
   run("link agent to control node cut (connections closed, new ones refused), then restored",
       [&] { proxy.cut(); });
+}
+
+} // namespace
+
+namespace {
+
+/// The replay port in a launched sim's command line (0 if none).
+int replay_port_of(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline");
+  std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string key = "\"replay_endpoint\":\"tcp://127.0.0.1:";
+  auto at = cmd.find(key);
+  return at == std::string::npos ? 0 : std::atoi(cmd.c_str() + at + key.size());
+}
+
+TEST(engine_restart, moves_the_replay_port_when_another_socket_took_it) {
+  // Two data-parallel ranks: the replay is on tcp ports the engine binds
+  // itself (vLLM offsets them per rank), picked by the agent.
+  auto engine = test::sim_engine("a0");
+  engine.dp_size = 2;
+  test::test_cluster c(
+    {{"control-1", true, false, "127.0.0.1", {}}, {"agent-a", false, true, "127.0.0.1", {engine}}});
+  c.start("control-1");
+  c.start("agent-a");
+  ASSERT_TRUE(c.wait_ready("control-1", 20s));
+  pid_t pid = -1;
+  ASSERT_TRUE(c.eventually([&] { return (pid = c.sim_pid("a0")) > 0; }, 10s));
+  int port = replay_port_of(pid);
+  ASSERT_GT(port, 0);
+  ::kill(pid, SIGKILL);
+  // Another socket takes the port as soon as the dead engine lets go of it.
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_TRUE(c.eventually(
+    [&] { return ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0; }, 5s));
+  ::listen(fd, 1);
+  pid_t again = -1;
+  ASSERT_TRUE(c.eventually([&] { return (again = c.sim_pid("a0")) > 0 && again != pid; }, 15s));
+  int moved = replay_port_of(again);
+  EXPECT_NE(moved, port) << "the restarted engine was given the taken port again";
+  EXPECT_GT(moved, 0);
+  EXPECT_NE(c.log_of("agent-a").find("is taken: the engine moves to"), std::string::npos);
+  // The restarted engine runs (it bound the new ports) and both ranks'
+  // subscribers connected to the new replay endpoint.
+  EXPECT_TRUE(c.eventually(
+    [&] { return c.log_of("agent-a").find("replay endpoint moved to") != std::string::npos; }, 5s));
+  auto metrics = c.admin_get("agent-a", "/metrics").body;
+  for (const char* rank : {"0", "1"})
+    EXPECT_NE(metrics.find(
+                fmt::format("llmgw_agent_event_replay{{replica=\"a0\",dp_rank=\"{}\"}} 1", rank)),
+              std::string::npos)
+      << metrics;
+  EXPECT_EQ(c.sim_pid("a0"), again) << "the engine stays up on the new ports";
+  ::close(fd);
 }
 
 } // namespace

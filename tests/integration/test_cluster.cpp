@@ -168,11 +168,12 @@ std::string test_cluster::write_topology(const std::vector<test_node_spec>& node
       if (e.sim) {
         auto port = sim_ports_.at(e.replica);
         t += fmt::format("\n[[node.engine]]\nreplica = \"{}\"\nmodel = \"{}\"\n"
-                         "url = \"http://127.0.0.1:{}\"\nkv_events = true\n"
+                         "url = \"http://127.0.0.1:{}\"\nkv_events = true\ndp_size = {}\n"
                          "launch = [\"{}\", \"serve\", \"{}\", \"--port\", \"{}\", "
                          "\"--num-gpu-blocks\", \"2048\", \"--enable-prompt-tokens-details\", "
-                         "\"--sim-fail-file\", \"{}\"]\n",
-                         e.replica, e.model, port, LLMGW_SIM, e.model, port, fail_file(e.replica));
+                         "\"--data-parallel-size\", \"{}\", \"--sim-fail-file\", \"{}\"]\n",
+                         e.replica, e.model, port, e.dp_size, LLMGW_SIM, e.model, port, e.dp_size,
+                         fail_file(e.replica));
         continue;
       }
       std::vector<std::string> lora;

@@ -38,6 +38,7 @@ struct test_engine_spec {
   std::string url = "http://127.0.0.1:1"; ///< its HTTP API (/tokenize)
   std::vector<std::string> lora = {};     ///< LoRA adapters it serves
   bool sim = false;
+  std::uint32_t dp_size = 1; ///< a sim's data-parallel ranks
 };
 
 /// A simulated engine (llmgw-sim) with KV events, serving model "m".
