@@ -68,7 +68,7 @@ std::uint16_t free_port_run(std::uint32_t count) {
     std::uint16_t base = 0;
     bool ok = true;
     for (std::uint32_t r = 0; r < count && ok; ++r) {
-      int fd = socket(AF_INET, SOCK_STREAM, 0);
+      int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
       sockaddr_in addr{};
       addr.sin_family = AF_INET;
       addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -94,6 +94,11 @@ std::uint16_t free_port_run(std::uint32_t count) {
 bool port_run_free(std::uint16_t base, std::uint32_t count) {
   for (std::uint32_t r = 0; r < count; ++r) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    // As libzmq binds: a connection of the last engine's in TIME_WAIT does
+    // not keep the port from it, only a socket bound there does.
+    int on = 1;
+    if (fd >= 0)
+      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);

@@ -100,8 +100,10 @@ void append_agent_metrics(wire::metrics_text& m, const agent_handles& handles);
 
 /// What every mirror holds, as JSON: replica, dp_rank, blocks, epoch,
 /// fingerprint (16 hex digits, as a control node's /v1/kv/replicas prints
-/// it), partial, parity. Served at /v1/kv/mirrors on the agent's admin
-/// listener: where a control node's view equals it, the two agree.
+/// it), partial, parity. Served at /v1/kv/mirrors on an agent-only node's
+/// admin listener (not yet on a node with both roles). A control node that
+/// applied every update has the same fingerprint for the replica; block
+/// counts may differ by the blocks it dropped on answers (suppressed).
 std::string agent_mirrors_json(const agent_handles& handles);
 
 } // namespace llmgw

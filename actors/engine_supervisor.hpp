@@ -22,9 +22,9 @@ struct engine_supervisor_options {
   std::chrono::milliseconds backoff_min{500};
   std::chrono::milliseconds backoff_max{30000};
   std::chrono::milliseconds stop_grace{5000};
-  /// Called before every start after the first, with the command line to
-  /// change (may be empty): a port the last engine bound may be another
-  /// socket's by now (the replay port, see actors/agent.cpp).
+  /// Called before every start once an engine has run, with the command
+  /// line to change (may be left alone): a port the last engine bound may
+  /// be another socket's by now (the replay port, see actors/agent.cpp).
   std::function<void(config::engine_launch&)> before_restart;
 };
 

@@ -66,4 +66,10 @@ int run_routing_bench(const std::vector<std::string>& scenarios,
 /// `llmgw-bench agent-actors`: the same through the subscriber and mirror actors.
 int run_agent_actors_bench(int rounds);
 
+/// `llmgw-bench soak`: a local cluster under `events_per_second` block
+/// events and `request_rate` requests a second for `minutes`; resident
+/// memory per minute, and the control nodes' views against the mirrors at
+/// the end (0 when they are equal).
+int run_soak_bench(double minutes, double events_per_second, double request_rate);
+
 } // namespace llmgw::bench

@@ -86,6 +86,19 @@ int main(int argc, char** argv) {
     exit_code =
       llmgw::bench::run_routing_bench(scenarios, policies, seed, time_scale, load, !no_engine_load);
   });
+  auto* soak =
+    app.add_subcommand("soak", "a local cluster under sustained block events and requests");
+  double minutes = 10, events = 100000, requests = 10;
+  soak->add_option("--minutes", minutes, "how long")
+    ->check(CLI::Range(1.0, 1440.0))
+    ->capture_default_str();
+  soak->add_option("--events", events, "block events a second, all engines together")
+    ->check(CLI::Range(0.0, 1e7))
+    ->capture_default_str();
+  soak->add_option("--rate", requests, "requests a second")
+    ->check(CLI::Range(0.1, 10000.0))
+    ->capture_default_str();
+  soak->callback([&] { exit_code = llmgw::bench::run_soak_bench(minutes, events, requests); });
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

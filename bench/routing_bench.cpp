@@ -15,6 +15,7 @@
 // each turn resending the whole history; the rest are one-off prompts.
 // Each turn is sent when the previous answer has come back.
 #include "bench/bench.hpp"
+#include "bench/local_up.hpp"
 #include "net/http_client.hpp"
 #include "wire/openai_request.hpp"
 
@@ -187,54 +188,16 @@ std::vector<session_spec> make_workload(const scenario& sc, std::uint64_t seed) 
 // ---------------------------------------------------------------------------
 // A local cluster through `llmgw up`
 
-std::uint16_t free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-struct cluster {
-  std::string dir;
-  pid_t pid = 0;
+struct cluster : up_cluster {
   std::vector<std::string> gateways;
   std::vector<std::string> engines; ///< base URLs, replica i = "e<i>"
   std::vector<std::uint16_t> engine_ports;
-
-  ~cluster() { stop(); }
-
-  void stop() {
-    if (pid <= 0)
-      return;
-    ::kill(pid, SIGTERM);
-    int status = 0;
-    for (int i = 0; i < 400 && ::waitpid(pid, &status, WNOHANG) == 0; ++i)
-      std::this_thread::sleep_for(50ms);
-    if (::waitpid(pid, &status, WNOHANG) == 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-    }
-    pid = 0;
-  }
 };
-
-std::string exe_dir() {
-  std::error_code ec;
-  auto p = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string(".") : p.parent_path().string();
-}
 
 /// Writes the topology and starts `llmgw up`; false (with why) if it did
 /// not come up.
 bool start_cluster(const scenario& sc, policy p, const engine_rates& rates, bool engine_load,
                    cluster& c, std::string& error) {
-  char tmpl[] = "/tmp/llmgw-bench-routing-XXXXXX";
-  c.dir = ::mkdtemp(tmpl);
   bool events = p == policy::llmgw;
   std::ostringstream t;
   t << "[cluster]\nname = \"bench\"\nhash_seed = \"0\"\nblock_size = 16\nflush_interval_ms = 50\n\n"
@@ -266,71 +229,7 @@ bool start_cluster(const scenario& sc, policy p, const engine_rates& rates, bool
       i, port, events ? "true" : "false", port, sc.gpu_blocks, rates.step_ms(),
       rates.us_per_token(), rates.ns_per_context_token());
   }
-  auto config = c.dir + "/cluster.toml";
-  std::ofstream(config) << t.str();
-  auto out = c.dir + "/up.out";
-  auto llmgw = fs::path(exe_dir()).parent_path() / "apps" / "llmgw";
-  pid_t parent = ::getpid();
-  c.pid = ::fork();
-  if (c.pid == 0) {
-    int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) {
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      ::close(fd);
-    }
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (::getppid() != parent)
-      ::_exit(127);
-    auto logs = c.dir + "/logs";
-    ::execl(llmgw.c_str(), "llmgw", "up", "--config", config.c_str(), "--logs", logs.c_str(),
-            "--ready-timeout", "120", static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  auto deadline = clock_type::now() + 150s;
-  while (clock_type::now() < deadline) {
-    std::ifstream in(out);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    if (ss.str().find("is up") != std::string::npos)
-      return true;
-    int status = 0;
-    if (::waitpid(c.pid, &status, WNOHANG) == c.pid) {
-      c.pid = 0;
-      error = "llmgw up exited: " + ss.str();
-      return false;
-    }
-    std::this_thread::sleep_for(100ms);
-  }
-  error = "llmgw up did not come up in time; see " + out;
-  return false;
-}
-
-/// The pid of the llmgw-sim serving `port`, from /proc.
-pid_t sim_pid(std::uint16_t port) {
-  auto want = std::to_string(port);
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    auto name = e.path().filename().string();
-    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit))
-      continue;
-    std::ifstream in(e.path() / "cmdline");
-    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    std::vector<std::string> args;
-    std::string arg;
-    for (char ch : cmd) {
-      if (ch == '\0') {
-        args.push_back(arg);
-        arg.clear();
-      } else {
-        arg += ch;
-      }
-    }
-    bool sim = !args.empty() && args[0].find("llmgw-sim") != std::string::npos;
-    for (std::size_t i = 0; sim && i + 1 < args.size(); ++i)
-      if (args[i] == "--port" && args[i + 1] == want)
-        return static_cast<pid_t>(std::stoi(name));
-  }
-  return 0;
+  return start_up(t.str(), c, error);
 }
 
 // ---------------------------------------------------------------------------

@@ -79,6 +79,11 @@ int run(int argc, char** argv) {
   app.add_option("--sim-fail-file", o.fail_file,
                  "while this file exists, answer as vLLM with a dead engine core: /health 503, "
                  "completions 500 (for fault tests)");
+  app
+    .add_option("--sim-event-churn", o.event_churn,
+                "block events a second per rank published beside the real ones: stores of "
+                "random blocks and removes of the oldest (benchmark load, llmgw-bench soak)")
+    ->capture_default_str();
   app.add_option("--sim-event-shape", shape, "array (vLLM before 2026-06) or map")
     ->check(CLI::IsMember({"array", "map"}))
     ->capture_default_str();

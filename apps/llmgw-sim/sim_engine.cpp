@@ -6,6 +6,13 @@
 
 #include <boost/json.hpp>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <random>
+#include <thread>
+
 namespace llmgw::sim {
 
 namespace json = boost::json;
@@ -23,10 +30,61 @@ std::string shift_port(const std::string& endpoint, std::size_t delta) {
   return endpoint.substr(0, colon + 1) + std::to_string(std::stoul(port) + delta);
 }
 
+/// Publishes `per_second` block events a second into each of `pubs` until
+/// `stop`: stores of random blocks (GPU, no tokens: nothing to check or to
+/// match a prompt), then, once 8,192 are held, as many removes of the
+/// oldest. Each 10 ms tick sends one batch per rank.
+void churn(const std::vector<publisher*>& pubs, std::size_t per_second,
+           const std::atomic<bool>& stop) {
+  constexpr std::size_t cap = 8192;
+  std::mt19937_64 rng(std::random_device{}());
+  std::vector<std::deque<wire::block_key>> held(pubs.size());
+  auto last = std::chrono::steady_clock::now();
+  double owed = 0;
+  while (!stop) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    auto now = std::chrono::steady_clock::now();
+    // At most a second owed: a stalled process does not burst afterwards.
+    owed = std::min(
+      owed + std::chrono::duration<double>(now - last).count() * static_cast<double>(per_second),
+      static_cast<double>(per_second));
+    last = now;
+    auto n = static_cast<std::size_t>(owed);
+    owed -= static_cast<double>(n);
+    if (n == 0)
+      continue;
+    for (std::size_t r = 0; r < pubs.size(); ++r) {
+      auto& h = held[r];
+      std::size_t removes = h.size() + n / 2 >= cap ? std::min(n / 2, h.size()) : 0;
+      std::vector<wire::kv_event> events(removes > 0 ? 2 : 1);
+      events[0].kind = wire::event_kind::block_stored;
+      events[0].block_size = 16;
+      for (std::size_t i = 0; i < n - removes; ++i) {
+        wire::block_hash b;
+        b.key = rng();
+        events[0].block_hashes.push_back(b);
+        h.push_back(b.key);
+      }
+      if (removes > 0) {
+        events[1].kind = wire::event_kind::block_removed;
+        for (std::size_t i = 0; i < removes; ++i) {
+          wire::block_hash b;
+          b.key = h.front();
+          h.pop_front();
+          events[1].block_hashes.push_back(b);
+        }
+      }
+      pubs[r]->publish(std::move(events));
+    }
+  }
+}
+
 } // namespace
 
 struct engine::impl {
   engine_options opts;
+  std::atomic<bool> churn_stop{false};
+  std::thread churn;
   std::unique_ptr<scheduler> sched;
   std::unique_ptr<api> http_api;
   std::unique_ptr<http_server> server; ///< last: stopped first
@@ -90,7 +148,13 @@ engine::engine(engine_options opts) : impl_(std::make_unique<impl>()) {
     }
     ranks.push_back(std::move(rs));
   }
+  std::vector<publisher*> pubs;
+  for (const auto& rs : ranks)
+    if (rs->pub)
+      pubs.push_back(rs->pub.get());
   im.sched = std::make_unique<scheduler>(std::move(ranks));
+  if (im.opts.event_churn > 0 && !pubs.empty())
+    im.churn = std::thread([&im, pubs] { churn(pubs, im.opts.event_churn, im.churn_stop); });
   im.http_api = std::make_unique<api>(im.opts, *im.sched);
   http_server_limits limits;
   limits.idle_timeout = std::chrono::minutes(5);
@@ -107,6 +171,9 @@ engine::~engine() {
   auto& im = *impl_;
   if (im.server)
     im.server->stop();
+  im.churn_stop = true;
+  if (im.churn.joinable())
+    im.churn.join();
   im.sched.reset(); // its thread ends; requests still running get no answer
 }
 

@@ -38,6 +38,10 @@ struct engine_options {
   /// While this file exists, answer as vLLM does once its engine core died
   /// (EngineDeadError): /health 503, generation 500. For fault tests.
   std::string fail_file;
+  /// Block events a second per rank published beside the real ones (a
+  /// benchmark's load: stores of random GPU blocks without tokens, and
+  /// removes of the oldest once 8,192 are held); 0: none.
+  std::size_t event_churn = 0;
 };
 
 class engine {

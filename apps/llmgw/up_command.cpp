@@ -225,6 +225,7 @@ struct cluster_run {
   std::string self, config, path_env; ///< how to start `llmgw node`
   std::vector<child> children;
   std::vector<std::string> gateways;    ///< each control node's gateway URL
+  std::vector<std::string> admins;      ///< where each serves /v1/kv/replicas (admin, or gateway)
   std::vector<demo_engine> engines;     ///< every engine of the topology
   std::vector<std::string> engine_logs; ///< the log of each engine's node
   std::size_t with_events = 0;          ///< engines with KV events
@@ -283,6 +284,12 @@ bool start_controls(cluster_run& r) {
     r.launch(*c);
     r.gateways.push_back(fmt::format(
       "http://{}:{}", c->http_host == "0.0.0.0" ? "127.0.0.1" : c->http_host, c->http_port));
+    // With an admin listener, the gateway's port no longer serves the
+    // node's state: ask the admin listener.
+    bool admin = !c->admin_host.empty();
+    auto host = admin ? c->admin_host : c->http_host;
+    r.admins.push_back(fmt::format("http://{}:{}", host == "0.0.0.0" ? "127.0.0.1" : host,
+                                   admin ? c->admin_port : c->http_port));
   }
   for (const auto& g : r.gateways)
     if (!r.wait_until([&] { return get(r.http, g, "/healthz").status == 200; }, 50ms)) {
@@ -308,7 +315,7 @@ bool start_agents(cluster_run& r) {
              "(logs in {})\n",
              r.children.size(), r.children.size() == 1 ? "" : "s", r.with_events,
              r.with_events == 1 ? "" : "s", r.logs);
-  if (!r.wait_until([&] { return replicas_with_state(r.http, r.gateways[0]) >= r.with_events; },
+  if (!r.wait_until([&] { return replicas_with_state(r.http, r.admins[0]) >= r.with_events; },
                     100ms)) {
     fmt::print(stderr, "llmgw up: not every replica came up in {} s; logs in {}\n",
                r.ready_timeout_s, r.logs);
@@ -359,7 +366,7 @@ std::string status_line(cluster_run& r) {
     alive += !c.exited;
   return fmt::format(
     "llmgw up: {}/{} nodes, {}/{} replicas with KV state, {} routed (kv {}, approx {}, load {})",
-    alive, r.children.size(), replicas_with_state(r.http, r.gateways[0]), r.with_events,
+    alive, r.children.size(), replicas_with_state(r.http, r.admins[0]), r.with_events,
     tier("kv") + tier("approx") + tier("load"), tier("kv"), tier("approx"), tier("load"));
 }
 

@@ -64,14 +64,19 @@ struct local_cluster {
   std::vector<std::uint16_t> engine_ports;
   std::unique_ptr<test::child_process> up;
 
-  /// `start`: run `llmgw up` on it and wait until it says the cluster is up.
-  explicit local_cluster(bool start = true) {
+  /// `start`: run `llmgw up` on it and wait until it says the cluster is up;
+  /// `admin`: the control node has an admin listener.
+  explicit local_cluster(bool start = true, bool admin = false) {
     char tmpl[] = "/tmp/llmgw-local-XXXXXX";
     dir = ::mkdtemp(tmpl);
     auto text = read(LLMGW_SOURCE_DIR "/deploy/local/cluster.toml");
     auto http = test::free_port();
     replace_all(text, "7100", std::to_string(test::free_port()));
     replace_all(text, "127.0.0.1:8080", "127.0.0.1:" + std::to_string(http));
+    if (admin)
+      replace_all(text, "http = \"127.0.0.1:" + std::to_string(http) + "\"",
+                  "http = \"127.0.0.1:" + std::to_string(http)
+                    + "\"\nadmin = \"127.0.0.1:" + std::to_string(test::free_port()) + "\"");
     for (const char* p : {"8101", "8102", "8103", "8104"}) {
       engine_ports.push_back(test::free_port());
       replace_all(text, p, std::to_string(engine_ports.back()));
@@ -210,6 +215,18 @@ TEST(local_cluster, routes_exactly_streams_in_order_and_survives_a_killed_engine
   auto after = post(http, c.gateway, "/v1/completions", body);
   EXPECT_EQ(after.status, 200) << after.body;
   EXPECT_NE(after.headers["x-llmgw-replica"], replica);
+}
+
+TEST(local_cluster, comes_up_when_the_control_node_has_an_admin_listener) {
+  // The gateway's port then no longer serves /v1/kv/replicas: llmgw up
+  // must ask the admin listener whether the replicas sent their state.
+  local_cluster c(true, true);
+  ASSERT_TRUE(c.up);
+  http_client http;
+  std::promise<http_response> p;
+  http.request("GET", c.gateway, "/v1/kv/replicas", "", 5s,
+               [&p](http_response r) { p.set_value(std::move(r)); });
+  EXPECT_EQ(p.get_future().get().status, 404) << "served by the admin listener only";
 }
 
 TEST(llmgw_status, says_when_the_control_node_does_not_answer) {

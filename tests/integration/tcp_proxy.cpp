@@ -8,6 +8,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <gtest/gtest.h>
+
 #include <vector>
 
 namespace llmgw::test {
@@ -43,14 +45,18 @@ tcp_proxy::tcp_proxy(std::uint16_t target) : target_(target) {
   port_ = free_port();
   auto addr = loopback(port_);
   if (::bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0
-      || ::listen(listener_, 16) != 0)
+      || ::listen(listener_, 16) != 0) {
+    ADD_FAILURE() << "the proxy cannot listen on port " << port_;
     port_ = 0;
+    return;
+  }
   thread_ = std::thread([this] { run(); });
 }
 
 tcp_proxy::~tcp_proxy() {
   stopping_ = true;
-  thread_.join();
+  if (thread_.joinable())
+    thread_.join();
   ::close(listener_);
 }
 
@@ -70,7 +76,9 @@ void tcp_proxy::run() {
         close_pair(p);
       pairs.clear();
     }
-    std::vector<pollfd> fds{{listener_, POLLIN, 0}};
+    // Stalled, new connections wait in the backlog, as if the network
+    // delivered nothing; cut, they are accepted and closed at once.
+    std::vector<pollfd> fds{{listener_, static_cast<short>(m == mode::stalled ? 0 : POLLIN), 0}};
     if (m == mode::forwarding)
       for (const auto& p : pairs) {
         fds.push_back({p.a, POLLIN, 0});

@@ -1,7 +1,8 @@
 // A TCP proxy on loopback for fault tests: it forwards every connection made
 // to its port to a target port, and the test can stall it (connections stay
-// open, no byte moves, as over a network that stopped delivering), cut it
-// (every connection closed, new ones closed as they come) and restore it.
+// open, no byte moves and new connections wait unanswered, as over a network
+// that stopped delivering), cut it (every connection closed, new ones closed
+// as they come) and restore it.
 #pragma once
 
 #include <atomic>

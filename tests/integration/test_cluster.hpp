@@ -99,6 +99,11 @@ public:
   /// whose engine core died (llmgw-sim --sim-fail-file).
   std::string fail_file(const std::string& replica) const { return dir_ + "/" + replica + ".fail"; }
 
+  /// The base URL of a sim engine's HTTP API.
+  std::string engine_url(const std::string& replica) const {
+    return "http://127.0.0.1:" + std::to_string(sim_ports_.at(replica));
+  }
+
   /// The base URL of the control node's gateway.
   std::string gateway_url(const std::string& control) const {
     return "http://127.0.0.1:" + std::to_string(http_ports_.at(control));

@@ -1,0 +1,150 @@
+#include "bench/local_up.hpp"
+
+#include <algorithm>
+#include <arpa/inet.h>
+#include <chrono>
+#include <csignal>
+#include <fcntl.h>
+#include <filesystem>
+#include <fstream>
+#include <netinet/in.h>
+#include <sstream>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+namespace llmgw::bench {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+
+std::uint16_t free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+void up_cluster::stop() {
+  if (pid <= 0)
+    return;
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  for (int i = 0; i < 400 && ::waitpid(pid, &status, WNOHANG) == 0; ++i)
+    std::this_thread::sleep_for(50ms);
+  if (::waitpid(pid, &status, WNOHANG) == 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+  }
+  pid = 0;
+}
+
+std::string exe_dir() {
+  std::error_code ec;
+  auto p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(".") : p.parent_path().string();
+}
+
+bool start_up(const std::string& topology, up_cluster& c, std::string& error) {
+  char tmpl[] = "/tmp/llmgw-bench-XXXXXX";
+  c.dir = ::mkdtemp(tmpl);
+  std::ofstream(c.dir + "/cluster.toml") << topology;
+  auto config = c.dir + "/cluster.toml";
+  auto out = c.dir + "/up.out";
+  auto llmgw = fs::path(exe_dir()).parent_path() / "apps" / "llmgw";
+  pid_t parent = ::getpid();
+  c.pid = ::fork();
+  if (c.pid == 0) {
+    int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::close(fd);
+    }
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent)
+      ::_exit(127);
+    auto logs = c.dir + "/logs";
+    ::execl(llmgw.c_str(), "llmgw", "up", "--config", config.c_str(), "--logs", logs.c_str(),
+            "--ready-timeout", "120", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  auto deadline = clock_type::now() + 150s;
+  while (clock_type::now() < deadline) {
+    std::ifstream in(out);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    if (ss.str().find("is up") != std::string::npos)
+      return true;
+    int status = 0;
+    if (::waitpid(c.pid, &status, WNOHANG) == c.pid) {
+      c.pid = 0;
+      error = "llmgw up exited: " + ss.str();
+      return false;
+    }
+    std::this_thread::sleep_for(100ms);
+  }
+  error = "llmgw up did not come up in time; see " + out;
+  return false;
+}
+
+/// The pid of the llmgw-sim serving `port`, from /proc.
+pid_t sim_pid(std::uint16_t port) {
+  auto want = std::to_string(port);
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    auto name = e.path().filename().string();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit))
+      continue;
+    std::ifstream in(e.path() / "cmdline");
+    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::vector<std::string> args;
+    std::string arg;
+    for (char ch : cmd) {
+      if (ch == '\0') {
+        args.push_back(arg);
+        arg.clear();
+      } else {
+        arg += ch;
+      }
+    }
+    bool sim = !args.empty() && args[0].find("llmgw-sim") != std::string::npos;
+    for (std::size_t i = 0; sim && i + 1 < args.size(); ++i)
+      if (args[i] == "--port" && args[i + 1] == want)
+        return static_cast<pid_t>(std::stoi(name));
+  }
+  return 0;
+}
+
+pid_t pid_with(const std::string& needle) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    auto name = e.path().filename().string();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit))
+      continue;
+    std::ifstream in(e.path() / "cmdline");
+    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+    if (cmd.find(needle) != std::string::npos)
+      return static_cast<pid_t>(std::stoi(name));
+  }
+  return 0;
+}
+
+std::uint64_t rss_kib(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmRSS:", 0) == 0)
+      return std::stoull(line.substr(6));
+  return 0;
+}
+
+} // namespace llmgw::bench
