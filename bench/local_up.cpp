@@ -97,34 +97,12 @@ bool start_up(const std::string& topology, up_cluster& c, std::string& error) {
   return false;
 }
 
-/// The pid of the llmgw-sim serving `port`, from /proc.
-pid_t sim_pid(std::uint16_t port) {
-  auto want = std::to_string(port);
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    auto name = e.path().filename().string();
-    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit))
-      continue;
-    std::ifstream in(e.path() / "cmdline");
-    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    std::vector<std::string> args;
-    std::string arg;
-    for (char ch : cmd) {
-      if (ch == '\0') {
-        args.push_back(arg);
-        arg.clear();
-      } else {
-        arg += ch;
-      }
-    }
-    bool sim = !args.empty() && args[0].find("llmgw-sim") != std::string::npos;
-    for (std::size_t i = 0; sim && i + 1 < args.size(); ++i)
-      if (args[i] == "--port" && args[i + 1] == want)
-        return static_cast<pid_t>(std::stoi(name));
-  }
-  return 0;
-}
+namespace {
 
-pid_t pid_with(const std::string& needle) {
+/// The first process whose command line (its arguments, each followed by a
+/// space) `match` accepts; 0 if none.
+template <class Match>
+pid_t find_process(Match match) {
   for (const auto& e : fs::directory_iterator("/proc")) {
     auto name = e.path().filename().string();
     if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit))
@@ -132,10 +110,25 @@ pid_t pid_with(const std::string& needle) {
     std::ifstream in(e.path() / "cmdline");
     std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     std::replace(cmd.begin(), cmd.end(), '\0', ' ');
-    if (cmd.find(needle) != std::string::npos)
+    if (match(cmd))
       return static_cast<pid_t>(std::stoi(name));
   }
   return 0;
+}
+
+} // namespace
+
+pid_t sim_pid(std::uint16_t port) {
+  auto flag = " --port " + std::to_string(port) + " ";
+  return find_process([&](const std::string& cmd) {
+    return cmd.substr(0, cmd.find(' ')).find("llmgw-sim") != std::string::npos
+           && cmd.find(flag) != std::string::npos;
+  });
+}
+
+pid_t pid_with(const std::string& needle) {
+  return find_process(
+    [&](const std::string& cmd) { return cmd.find(needle) != std::string::npos; });
 }
 
 std::uint64_t rss_kib(pid_t pid) {

@@ -284,6 +284,16 @@ protected:
                 short_answers, met + short_answers, converged_ms);
   }
 
+  /// Both agents report their session with `control` ended.
+  bool sessions_ended_with(const std::string& control) {
+    for (const char* agent : {"agent-a", "agent-b"}) {
+      auto r = c.admin_get(agent, "/metrics");
+      if (r.body.find("llmgw_agent_session_up{control=\"" + control + "\"} 0") == std::string::npos)
+        return false;
+    }
+    return true;
+  }
+
   std::uint64_t resets_of(const std::string& control, const std::string& replica) {
     auto view = c.replicas(control);
     const auto* r = rank0(view, replica);
@@ -487,16 +497,7 @@ TEST_F(faults, control_killed_the_other_serves_and_the_restarted_one_catches_up)
   auto t0 = clock_type::now();
   c.stop("control-2", SIGKILL);
   double detected = time_until(
-    t0,
-    [&] {
-      for (const char* agent : {"agent-a", "agent-b"}) {
-        auto r = c.admin_get(agent, "/metrics");
-        if (r.body.find("llmgw_agent_session_up{control=\"control-2\"} 0") == std::string::npos)
-          return false;
-      }
-      return true;
-    },
-    10s);
+    t0, [&] { return sessions_ended_with("control-2"); }, 10s);
   EXPECT_GE(detected, 0) << "both agents see the session end";
   ASSERT_TRUE(t.more(20));
   auto t1 = clock_type::now();
@@ -516,16 +517,7 @@ TEST_F(faults, control_frozen_then_resumed) {
   c.signal("control-2", SIGSTOP);
   std::shared_ptr<void> resume(nullptr, [&](void*) { c.signal("control-2", SIGCONT); });
   double detected = time_until(
-    t0,
-    [&] {
-      for (const char* agent : {"agent-a", "agent-b"}) {
-        auto r = c.admin_get(agent, "/metrics");
-        if (r.body.find("llmgw_agent_session_up{control=\"control-2\"} 0") == std::string::npos)
-          return false;
-      }
-      return true;
-    },
-    10s);
+    t0, [&] { return sessions_ended_with("control-2"); }, 10s);
   EXPECT_GE(detected, 0) << "both agents' heartbeats find the frozen control node";
   ASSERT_TRUE(t.more(20));
   auto t1 = clock_type::now();
