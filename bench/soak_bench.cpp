@@ -202,8 +202,7 @@ int run_soak_bench(double minutes, double events_per_second, double request_rate
     for (int attempt = 0; attempt < 100; ++attempt) {
       std::promise<int> p;
       http.request("POST", fmt::format("http://127.0.0.1:{}", c.engines[replica]),
-                   "/reset_prefix_cache", "", 5s,
-                   [&p](http_response r) { p.set_value(r.status); });
+                   "/reset_prefix_cache", "", 5s, [&p](http_response r) { p.set_value(r.status); });
       if (p.get_future().get() == 200) {
         ++cleared;
         break;
