@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <cmath>
 #include <csignal>
 #include <future>
 #include <map>
@@ -165,7 +166,7 @@ int run_soak_bench(double minutes, double events_per_second, double request_rate
       json::object body{{"model", "soak"}, {"prompt", prompt}, {"max_tokens", 4}};
       ++sent;
       http.post_json(c.gateways[n % 2], "/v1/completions", json::serialize(body), 30s,
-                     [&](http_response r) { (r.status == 200 ? ok : failed) += 1; });
+                     [&](const http_response& r) { (r.status == 200 ? ok : failed) += 1; });
       next += gap;
       std::this_thread::sleep_until(next);
     }
@@ -181,7 +182,7 @@ int run_soak_bench(double minutes, double events_per_second, double request_rate
   auto start = clock_type::now();
   std::vector<double> rates;
   std::size_t cleared = 0;
-  for (int minute = 1; minute <= static_cast<int>(minutes + 0.5); ++minute) {
+  for (int minute = 1; minute <= static_cast<int>(std::lround(minutes)); ++minute) {
     std::this_thread::sleep_until(start + std::chrono::minutes(minute));
     auto [events, gaps] = events_and_gaps(http, c.admin["control-1"]);
     double rate = static_cast<double>(events - events_before) / 60.0;
@@ -202,7 +203,8 @@ int run_soak_bench(double minutes, double events_per_second, double request_rate
     for (int attempt = 0; attempt < 100; ++attempt) {
       std::promise<int> p;
       http.request("POST", fmt::format("http://127.0.0.1:{}", c.engines[replica]),
-                   "/reset_prefix_cache", "", 5s, [&p](http_response r) { p.set_value(r.status); });
+                   "/reset_prefix_cache", "", 5s,
+                   [&p](const http_response& r) { p.set_value(r.status); });
       if (p.get_future().get() == 200) {
         ++cleared;
         break;
