@@ -6,13 +6,16 @@
 #include "actors/mirror.hpp"
 #include "actors/subscriber.hpp"
 #include "base/log.hpp"
+#include "config/topology_change.hpp"
 
 #include <boost/json.hpp>
 #include <caf/actor_cast.hpp>
 #include <caf/actor_system.hpp>
 #include <caf/blocking_actor.hpp>
+#include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
+#include <caf/system_messages.hpp>
 #include <caf/typed_event_based_actor.hpp>
 #include <fmt/format.h>
 
@@ -139,162 +142,308 @@ agent_config agent_config_of(const config::topology& topo, const config::node_sp
   return cfg;
 }
 
-agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg) {
-  agent_handles out;
-  for (std::size_t index = 0; index < cfg.engines.size(); ++index) {
-    const auto& e = cfg.engines[index];
-    const std::string who = "agent " + cfg.node + " engine " + e.replica;
-    std::vector<opened_subscriber> ranks;
-    // A launched engine publishes into an ipc socket in the agent's private
-    // folder, where no other local user can connect a publisher. vLLM takes
-    // ipc endpoints for one rank only (it offsets tcp ports per rank), so
-    // data-parallel engines and attached ones use tcp on loopback.
-    std::string folder;
-    bool private_sockets = e.kv_events && !e.launch.empty() && e.dp_size == 1;
-    if (private_sockets) {
-      std::string error;
-      if (out.runtime_dir.empty())
-        out.runtime_dir = private_folder(cfg.node, error);
-      folder = out.runtime_dir;
-      if (folder.empty()) {
-        LLMGW_LOG(warning, who, "{}: its KV events use tcp on loopback", error);
-        private_sockets = false;
-      }
-    }
-    if (private_sockets) {
-      subscriber_options opts;
-      opts.replica = e.replica;
-      opts.topic = e.topic;
-      opts.endpoint = "ipc://" + folder + "/" + std::to_string(index) + ".events";
-      auto opened = open_subscriber(opts);
-      if (opened.socket)
-        ranks.push_back(std::move(opened));
-      else
-        LLMGW_LOG(error, who, "starting without KV events, routed by prefix tree only: {}",
-                  opened.error);
-    } else if (e.kv_events) {
-      std::string error;
-      ranks = bind_ranks(e, error);
-      if (ranks.empty())
-        LLMGW_LOG(error, who, "starting without KV events, routed by prefix tree only: {}", error);
-    }
-    bool events = !ranks.empty();
-    std::vector<std::string> replay(e.dp_size); // per rank, where the engine's replay is
-    // Ports on loopback for a launched engine's replay, which the engine
-    // binds itself: on a restart they may be another socket's by now, and
-    // the supervisor moves the engine to free ones (see below).
-    std::uint16_t replay_base = 0;
-    std::vector<std::shared_ptr<replay_address>> replay_moves;
-    if (events && !e.launch.empty() && e.replay) {
-      if (private_sockets) {
-        replay[0] = "ipc://" + folder + "/" + std::to_string(index) + ".replay";
-      } else if (auto base = free_port_run(e.dp_size); base != 0) {
-        replay_base = base;
-        for (std::uint32_t r = 0; r < e.dp_size; ++r) {
-          replay[r] = "tcp://127.0.0.1:" + std::to_string(base + r);
-          replay_moves.push_back(std::make_shared<replay_address>());
-        }
-      }
-    } else if (events && !e.replay_endpoint.empty()) {
-      replay[0] = e.replay_endpoint; // an attached engine's, rank 0's
-    }
-    std::vector<mirror_actor> mirrors;
-    for (std::uint32_t r = 0; r < e.dp_size; ++r) {
-      auto view = std::make_shared<mirror_view>();
-      out.mirror_views.push_back({e.replica, r, view});
-      auto m = sys.spawn(
-        mirror, e.replica, r,
-        std::optional<kv::parity_config>(kv::parity_config{cfg.seed, cfg.block_size}), view);
-      out.actors.push_back(caf::actor_cast<caf::actor>(m));
-      // Only replicas with events are forwarded: a replica without them must
-      // reach the router as "no KV state" (tier 1), not as "holds nothing".
-      if (events)
-        out.mirrors.push_back(mirror_entry{e.replica, m});
-      mirrors.push_back(m);
-    }
-    for (std::uint32_t r = 0; events && r < e.dp_size; ++r) {
-      subscriber_options opts;
-      opts.replica = e.replica;
-      opts.topic = e.topic;
-      opts.replay = replay[r];
-      if (!replay_moves.empty())
-        opts.replay_moves = replay_moves[r];
-      // The replay address is known only now (it follows the events socket).
-      std::string error;
-      if (!replay[r].empty() && !ranks[r].socket->connect_replay(replay[r], error))
-        LLMGW_LOG(warning, who, "rank {}: gaps will not be filled by replay: {}", r, error);
-      auto stats = std::make_shared<subscriber_stats>();
-      out.subscribers.push_back({e.replica, r, stats});
-      out.actors.push_back(
-        sys.spawn<caf::detached>(subscriber, ranks[r].socket, opts, mirrors[r], stats));
-    }
-    out.events_endpoints.push_back(events ? ranks[0].endpoint : std::string{});
-    if (!e.launch.empty()) {
-      config::engine_launch_options lo;
-      lo.command = e.launch;
-      lo.seed = cfg.seed;
-      lo.block_size = cfg.block_size;
-      lo.kv_events = events;
-      lo.topic = e.topic;
-      if (events)
-        lo.events_endpoint = ranks[0].endpoint;
-      lo.replay_endpoint = replay[0]; // vLLM offsets it per rank itself
-      engine_supervisor_options so;
-      so.replica = e.replica;
-      so.launch = config::make_engine_launch(lo);
-      if (replay_base != 0)
-        so.before_restart = [lo, replay_moves, base = replay_base, count = e.dp_size,
-                             who](config::engine_launch& launch) mutable {
-          if (port_run_free(base, count))
-            return;
-          auto fresh = free_port_run(count);
-          if (fresh == 0)
-            return; // the engine tries the old ports; failing, it is restarted again
-          LLMGW_LOG(warning, who, "replay port {} is taken: the engine moves to {}", base, fresh);
-          base = fresh;
-          lo.replay_endpoint = "tcp://127.0.0.1:" + std::to_string(base);
-          launch = config::make_engine_launch(lo);
-          for (std::uint32_t r = 0; r < count; ++r)
-            replay_moves[r]->set("tcp://127.0.0.1:" + std::to_string(base + r));
-        };
-      // The supervisor resets rank 0's mirror on exit; the other ranks' streams
-      // restart at seq 0 when the engine comes back, which resets them too.
-      out.actors.push_back(
-        caf::actor_cast<caf::actor>(sys.spawn(engine_supervisor, so, mirrors[0])));
+namespace {
+
+/// Starts one engine's actors: its mirrors, subscribers and (launched)
+/// supervisor. `id` names its sockets in the private folder (made in
+/// `runtime_dir` when first needed).
+agent_engine start_engine(caf::actor_system& sys, const agent_config& cfg,
+                          const agent_engine_config& e, std::size_t id, std::string& runtime_dir) {
+  agent_engine out;
+  out.spec = e;
+  const std::string who = "agent " + cfg.node + " engine " + e.replica;
+  std::vector<opened_subscriber> ranks;
+  // A launched engine publishes into an ipc socket in the agent's private
+  // folder, where no other local user can connect a publisher. vLLM takes
+  // ipc endpoints for one rank only (it offsets tcp ports per rank), so
+  // data-parallel engines and attached ones use tcp on loopback.
+  std::string folder;
+  bool private_sockets = e.kv_events && !e.launch.empty() && e.dp_size == 1;
+  if (private_sockets) {
+    std::string error;
+    if (runtime_dir.empty())
+      runtime_dir = private_folder(cfg.node, error);
+    folder = runtime_dir;
+    if (folder.empty()) {
+      LLMGW_LOG(warning, who, "{}: its KV events use tcp on loopback", error);
+      private_sockets = false;
     }
   }
+  if (private_sockets) {
+    subscriber_options opts;
+    opts.replica = e.replica;
+    opts.topic = e.topic;
+    opts.endpoint = "ipc://" + folder + "/" + std::to_string(id) + ".events";
+    auto opened = open_subscriber(opts);
+    if (opened.socket)
+      ranks.push_back(std::move(opened));
+    else
+      LLMGW_LOG(error, who, "starting without KV events, routed by prefix tree only: {}",
+                opened.error);
+  } else if (e.kv_events) {
+    std::string error;
+    ranks = bind_ranks(e, error);
+    if (ranks.empty())
+      LLMGW_LOG(error, who, "starting without KV events, routed by prefix tree only: {}", error);
+  }
+  bool events = !ranks.empty();
+  std::vector<std::string> replay(e.dp_size); // per rank, where the engine's replay is
+  // Ports on loopback for a launched engine's replay, which the engine
+  // binds itself: on a restart they may be another socket's by now, and
+  // the supervisor moves the engine to free ones (see below).
+  std::uint16_t replay_base = 0;
+  std::vector<std::shared_ptr<replay_address>> replay_moves;
+  if (events && !e.launch.empty() && e.replay) {
+    if (private_sockets) {
+      replay[0] = "ipc://" + folder + "/" + std::to_string(id) + ".replay";
+    } else if (auto base = free_port_run(e.dp_size); base != 0) {
+      replay_base = base;
+      for (std::uint32_t r = 0; r < e.dp_size; ++r) {
+        replay[r] = "tcp://127.0.0.1:" + std::to_string(base + r);
+        replay_moves.push_back(std::make_shared<replay_address>());
+      }
+    }
+  } else if (events && !e.replay_endpoint.empty()) {
+    replay[0] = e.replay_endpoint; // an attached engine's, rank 0's
+  }
+  std::vector<mirror_actor> mirrors;
+  for (std::uint32_t r = 0; r < e.dp_size; ++r) {
+    auto view = std::make_shared<mirror_view>();
+    out.mirror_views.push_back({e.replica, r, view});
+    auto m = sys.spawn(
+      mirror, e.replica, r,
+      std::optional<kv::parity_config>(kv::parity_config{cfg.seed, cfg.block_size}), view);
+    out.actors.push_back(caf::actor_cast<caf::actor>(m));
+    // Only replicas with events are forwarded: a replica without them must
+    // reach the router as "no KV state" (tier 1), not as "holds nothing".
+    if (events)
+      out.mirrors.push_back(mirror_entry{e.replica, m});
+    mirrors.push_back(m);
+  }
+  for (std::uint32_t r = 0; events && r < e.dp_size; ++r) {
+    subscriber_options opts;
+    opts.replica = e.replica;
+    opts.topic = e.topic;
+    opts.replay = replay[r];
+    if (!replay_moves.empty())
+      opts.replay_moves = replay_moves[r];
+    // The replay address is known only now (it follows the events socket).
+    std::string error;
+    if (!replay[r].empty() && !ranks[r].socket->connect_replay(replay[r], error))
+      LLMGW_LOG(warning, who, "rank {}: gaps will not be filled by replay: {}", r, error);
+    auto stats = std::make_shared<subscriber_stats>();
+    out.subscribers.push_back({e.replica, r, stats});
+    out.actors.push_back(
+      sys.spawn<caf::detached>(subscriber, ranks[r].socket, opts, mirrors[r], stats));
+  }
+  out.events_endpoint = events ? ranks[0].endpoint : std::string{};
+  if (!e.launch.empty()) {
+    config::engine_launch_options lo;
+    lo.command = e.launch;
+    lo.seed = cfg.seed;
+    lo.block_size = cfg.block_size;
+    lo.kv_events = events;
+    lo.topic = e.topic;
+    if (events)
+      lo.events_endpoint = ranks[0].endpoint;
+    lo.replay_endpoint = replay[0]; // vLLM offsets it per rank itself
+    engine_supervisor_options so;
+    so.replica = e.replica;
+    so.launch = config::make_engine_launch(lo);
+    if (replay_base != 0)
+      so.before_restart = [lo, replay_moves, base = replay_base, count = e.dp_size,
+                           who](config::engine_launch& launch) mutable {
+        if (port_run_free(base, count))
+          return;
+        auto fresh = free_port_run(count);
+        if (fresh == 0)
+          return; // the engine tries the old ports; failing, it is restarted again
+        LLMGW_LOG(warning, who, "replay port {} is taken: the engine moves to {}", base, fresh);
+        base = fresh;
+        lo.replay_endpoint = "tcp://127.0.0.1:" + std::to_string(base);
+        launch = config::make_engine_launch(lo);
+        for (std::uint32_t r = 0; r < count; ++r)
+          replay_moves[r]->set("tcp://127.0.0.1:" + std::to_string(base + r));
+      };
+    // The supervisor resets rank 0's mirror on exit; the other ranks' streams
+    // restart at seq 0 when the engine comes back, which resets them too.
+    out.supervisor = caf::actor_cast<caf::actor>(sys.spawn(engine_supervisor, so, mirrors[0]));
+  }
+  return out;
+}
+
+/// How often the scraper reads every engine's /metrics: every flush
+/// interval, but not so often that a short one keeps the engines' API
+/// servers busy answering.
+std::chrono::milliseconds scrape_interval(const agent_config& cfg) {
+  return std::max(cfg.flush_interval, std::chrono::milliseconds(100));
+}
+
+/// Starts the load scraper for `cfg`'s engines with a url (invalid if none).
+caf::actor start_scraper(caf::actor_system& sys, const agent_config& cfg,
+                         const std::shared_ptr<engine_loads>& loads) {
   load_scraper_options scrape;
-  // Every flush interval, but not so often that a short one keeps the
-  // engines' API servers busy answering.
-  scrape.interval = std::max(cfg.flush_interval, std::chrono::milliseconds(100));
+  scrape.interval = scrape_interval(cfg);
   std::vector<std::string> scraped;
   for (const auto& e : cfg.engines)
     if (!e.url.empty()) {
       scrape.engines.push_back({e.replica, e.url});
       scraped.push_back(e.replica);
     }
-  out.loads = std::make_shared<engine_loads>(std::move(scraped));
-  if (!scrape.engines.empty())
-    out.actors.push_back(caf::actor_cast<caf::actor>(sys.spawn(load_scraper, scrape, out.loads)));
-  for (const auto& c : cfg.controls) {
-    forwarder_options fo;
-    fo.node = cfg.node;
-    fo.control = c.name;
-    fo.flush_interval = cfg.flush_interval;
-    fo.window = cfg.window;
-    fo.identity = cfg.identity;
-    fo.control_fingerprints = c.fingerprints;
-    fo.counters = std::make_shared<forwarder_counters>();
-    fo.loads = out.loads;
-    // Scrapes come every flush interval: a reading several intervals old
-    // means the engine stopped answering, and is not sent.
-    fo.load_max_age = std::max(std::chrono::milliseconds(1000), 4 * scrape.interval);
-    out.forwarders.emplace_back(c.name, fo.counters);
-    auto f = sys.spawn(forwarder, fo, out.mirrors,
-                       middleman_connector(c.host, c.port, cfg.connect_timeout));
-    out.actors.push_back(caf::actor_cast<caf::actor>(f));
+  loads->set_replicas(scraped);
+  if (scrape.engines.empty())
+    return {};
+  return caf::actor_cast<caf::actor>(sys.spawn(load_scraper, scrape, loads));
+}
+
+agent_forwarder start_forwarder(caf::actor_system& sys, const agent_config& cfg,
+                                const agent_control_config& c,
+                                const std::vector<mirror_entry>& mirrors,
+                                const std::shared_ptr<engine_loads>& loads) {
+  forwarder_options fo;
+  fo.node = cfg.node;
+  fo.control = c.name;
+  fo.flush_interval = cfg.flush_interval;
+  fo.window = cfg.window;
+  fo.identity = cfg.identity;
+  fo.control_fingerprints = c.fingerprints;
+  fo.counters = std::make_shared<forwarder_counters>();
+  fo.loads = loads;
+  // Scrapes come every flush interval: a reading several intervals old
+  // means the engine stopped answering, and is not sent.
+  fo.load_max_age = std::max(std::chrono::milliseconds(1000), 4 * scrape_interval(cfg));
+  auto f =
+    sys.spawn(forwarder, fo, mirrors, middleman_connector(c.host, c.port, cfg.connect_timeout));
+  return {c, caf::actor_cast<caf::actor>(f), fo.counters};
+}
+
+/// Fills the flat lists of `h` from its engines and forwarders.
+void flatten(agent_handles& h) {
+  h.actors.clear();
+  h.mirrors.clear();
+  h.events_endpoints.clear();
+  h.subscribers.clear();
+  h.mirror_views.clear();
+  h.forwarders.clear();
+  for (const auto& e : h.engines) {
+    h.actors.insert(h.actors.end(), e.actors.begin(), e.actors.end());
+    if (e.supervisor)
+      h.actors.push_back(e.supervisor);
+    h.mirrors.insert(h.mirrors.end(), e.mirrors.begin(), e.mirrors.end());
+    h.events_endpoints.push_back(e.events_endpoint);
+    h.subscribers.insert(h.subscribers.end(), e.subscribers.begin(), e.subscribers.end());
+    h.mirror_views.insert(h.mirror_views.end(), e.mirror_views.begin(), e.mirror_views.end());
   }
+  if (h.scraper)
+    h.actors.push_back(h.scraper);
+  for (const auto& f : h.forwarder_actors) {
+    h.actors.push_back(f.actor);
+    h.forwarders.emplace_back(f.control.name, f.counters);
+  }
+  h.actors.insert(h.actors.end(), h.retiring.begin(), h.retiring.end());
+}
+
+bool same_control(const agent_control_config& a, const agent_control_config& b) {
+  return a.name == b.name && a.host == b.host && a.port == b.port
+         && a.fingerprints == b.fingerprints;
+}
+
+} // namespace
+
+agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg) {
+  agent_handles out;
+  out.config = cfg;
+  for (const auto& e : cfg.engines)
+    out.engines.push_back(start_engine(sys, cfg, e, out.next_engine_id++, out.runtime_dir));
+  out.loads = std::make_shared<engine_loads>(std::vector<std::string>{});
+  out.scraper = start_scraper(sys, cfg, out.loads);
+  flatten(out);
+  for (const auto& c : cfg.controls)
+    out.forwarder_actors.push_back(start_forwarder(sys, cfg, c, out.mirrors, out.loads));
+  flatten(out);
   return out;
+}
+
+void reload_agent(caf::actor_system& sys, agent_handles& h, const agent_config& fresh_in,
+                  std::chrono::milliseconds retire_after) {
+  auto fresh = fresh_in;
+  // Read once, at start: a reload that changes them is refused before this.
+  fresh.seed = h.config.seed;
+  fresh.block_size = h.config.block_size;
+  fresh.flush_interval = h.config.flush_interval;
+  fresh.identity = h.config.identity;
+  const std::string who = "agent " + h.config.node;
+  // The forwarders take attach and detach only from an actor of this node.
+  caf::scoped_actor self{sys};
+  auto in = [](const auto& list, const std::string& name, auto same) {
+    return std::find_if(list.begin(), list.end(), [&](const auto& x) { return same(x, name); });
+  };
+  // Engines removed or changed: out of every forwarder, then stopped.
+  std::vector<agent_engine> kept;
+  for (auto& e : h.engines) {
+    auto now =
+      in(fresh.engines, e.spec.replica,
+         [](const agent_engine_config& x, const std::string& n) { return x.replica == n; });
+    if (now != fresh.engines.end() && config::same_engine(*now, e.spec)) {
+      kept.push_back(std::move(e));
+      continue;
+    }
+    for (const auto& f : h.forwarder_actors)
+      self->send(caf::actor_cast<forwarder_actor>(f.actor), detach_atom::value, e.spec.replica);
+    for (const auto& a : e.actors)
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    if (e.supervisor && now == fresh.engines.end() && retire_after.count() > 0) {
+      // Removed: the gateways stop sending to it as they reload; what they
+      // sent before may finish.
+      LLMGW_LOG(info, who + " engine " + e.spec.replica,
+                "removed: its KV state is dropped now, the engine stops in {} ms",
+                retire_after.count());
+      caf::delayed_anon_send(e.supervisor, retire_after,
+                             caf::exit_msg{caf::actor_addr{}, caf::exit_reason::user_shutdown});
+      h.retiring.push_back(e.supervisor);
+    } else if (e.supervisor) {
+      caf::anon_send_exit(e.supervisor, caf::exit_reason::user_shutdown);
+    }
+  }
+  // Engines added or changed: started, and forwarded from their full copy.
+  std::vector<agent_engine> engines;
+  for (const auto& spec : fresh.engines) {
+    auto old = in(kept, spec.replica,
+                  [](const agent_engine& x, const std::string& n) { return x.spec.replica == n; });
+    if (old != kept.end()) {
+      engines.push_back(std::move(*old));
+      continue;
+    }
+    engines.push_back(start_engine(sys, fresh, spec, h.next_engine_id++, h.runtime_dir));
+    LLMGW_LOG(info, who + " engine " + spec.replica, "started by a reload");
+    for (const auto& f : h.forwarder_actors)
+      for (const auto& m : engines.back().mirrors)
+        self->send(caf::actor_cast<forwarder_actor>(f.actor), attach_atom::value, m.replica,
+                   caf::actor_cast<caf::actor>(m.mirror));
+  }
+  h.engines = std::move(engines);
+  // The scraper reads the engines in force (their loads of before are kept).
+  if (h.scraper)
+    caf::anon_send_exit(h.scraper, caf::exit_reason::user_shutdown);
+  h.scraper = start_scraper(sys, fresh, h.loads);
+  flatten(h);
+  // Forwarders follow the control nodes.
+  std::vector<agent_forwarder> forwarders;
+  for (auto& f : h.forwarder_actors) {
+    auto now = in(fresh.controls, f.control.name,
+                  [](const agent_control_config& x, const std::string& n) { return x.name == n; });
+    if (now != fresh.controls.end() && same_control(*now, f.control))
+      forwarders.push_back(std::move(f));
+    else
+      caf::anon_send_exit(f.actor, caf::exit_reason::user_shutdown);
+  }
+  for (const auto& c : fresh.controls)
+    if (std::none_of(forwarders.begin(), forwarders.end(),
+                     [&](const agent_forwarder& f) { return f.control.name == c.name; }))
+      forwarders.push_back(start_forwarder(sys, fresh, c, h.mirrors, h.loads));
+  h.forwarder_actors = std::move(forwarders);
+  h.config = fresh;
+  flatten(h);
 }
 
 void stop_agent(const agent_handles& handles) {

@@ -64,8 +64,35 @@ struct agent_mirror {
   std::shared_ptr<mirror_view> view;
 };
 
+/// What start_agent made for one engine.
+struct agent_engine {
+  agent_engine_config spec;
+  std::vector<caf::actor> actors;            ///< its mirrors and subscribers
+  caf::actor supervisor;                     ///< a launched engine's (else invalid)
+  std::vector<mirror_entry> mirrors;         ///< forwarded: ranks, when it has KV events
+  std::string events_endpoint;               ///< rank 0's, or "" (no events)
+  std::vector<agent_subscriber> subscribers; ///< per rank, when it has KV events
+  std::vector<agent_mirror> mirror_views;    ///< per rank
+};
+
+/// One forwarder, to one control node.
+struct agent_forwarder {
+  agent_control_config control;
+  caf::actor actor;
+  std::shared_ptr<forwarder_counters> counters;
+};
+
 /// What start_agent made, and what happened per engine.
 struct agent_handles {
+  agent_config config; ///< in force (reload_agent replaces it)
+  std::vector<agent_engine> engines;
+  std::vector<agent_forwarder> forwarder_actors;
+  caf::actor scraper; ///< invalid when no engine has a url
+  /// Launched engines a reload removed: stopped once the gateways' requests
+  /// in flight there could finish (or by stop_agent, if sooner).
+  std::vector<caf::actor> retiring;
+  std::size_t next_engine_id = 0; ///< names the next engine's sockets
+  // The same, flat, as the node's metrics and tests read them:
   std::vector<caf::actor> actors;            ///< everything spawned, stopped by stop_agent
   std::vector<mirror_entry> mirrors;         ///< forwarded: engines (ranks) with KV events
   std::vector<std::string> events_endpoints; ///< per engine: rank 0's endpoint, or "" (no events)
@@ -86,6 +113,17 @@ agent_config agent_config_of(const config::topology& topo, const config::node_sp
 
 /// Spawns the node's actors in `sys`.
 agent_handles start_agent(caf::actor_system& sys, const agent_config& cfg);
+
+/// Puts a reloaded topology's part for this agent in force: engines
+/// removed or changed are stopped (their mirrors leave every forwarder; a
+/// removed launched engine runs on for `retire_after`, so requests the
+/// gateways sent it can finish, then stops), engines added or changed are
+/// started and forwarded from their full copy, and forwarders follow the
+/// control nodes added, removed or changed. Unchanged engines and control
+/// nodes keep their actors and state. The seed, block size and flush
+/// interval stay as they are (config/topology_change.hpp).
+void reload_agent(caf::actor_system& sys, agent_handles& handles, const agent_config& fresh,
+                  std::chrono::milliseconds retire_after);
 
 /// Sends every actor of `handles` an exit message.
 void stop_agent(const agent_handles& handles);

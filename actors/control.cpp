@@ -2,6 +2,7 @@
 
 #include "base/burst_log.hpp"
 #include "base/log.hpp"
+#include "config/topology_change.hpp"
 #include "routing/router_report.hpp"
 #include "wire/metrics_text.hpp"
 
@@ -267,6 +268,56 @@ void check_address(self_ptr self, std::uint64_t session) {
       });
 }
 
+/// Puts a reloaded topology in force. A node that is no longer an agent of
+/// it loses its session (the router retired its replicas already); a
+/// replica new to it, or changed, is asked again of its node's session, whose
+/// earlier updates for it were refused or belong to its old entry.
+void reload(self_ptr self, const topology_reload& r) {
+  auto& st = self->state;
+  auto old = st.opts.topo;
+  st.opts.topo = r.topo;
+  st.opts.agent_addresses = r.agent_addresses;
+  auto agent_now = [&](const std::string& node) {
+    const auto* n = st.opts.topo->find_node(node);
+    return n && n->roles.agent;
+  };
+  for (auto it = st.attempts.begin(); it != st.attempts.end();) {
+    if (agent_now(it->second.node)) {
+      ++it;
+      continue;
+    }
+    auto id = (it++)->first;
+    refuse_attempt(self, id, "unknown_node", "the node was removed from the topology");
+  }
+  for (auto it = st.sessions.begin(); it != st.sessions.end();) {
+    if (agent_now(it->first)) {
+      ++it;
+      continue;
+    }
+    auto s = it->second;
+    LLMGW_LOG(warning, who(st), "agent node '{}' is no longer in the topology: its session ends",
+              it->first);
+    it = st.sessions.erase(it);
+    if (!st.watched(s.forwarder))
+      self->demonitor(s.forwarder.address());
+    self->send(s.forwarder, refused_atom::value, s.id,
+               std::string("the node was removed from the control node's topology"));
+  }
+  auto changes = config::compare_engines(*old, *st.opts.topo);
+  auto ask = changes.added;
+  ask.insert(ask.end(), changes.changed.begin(), changes.changed.end());
+  for (const auto& replica : ask) {
+    const auto* owner = st.opts.topo->owner_of(replica);
+    const auto* engine = st.opts.topo->find_engine(replica);
+    if (!owner || !engine->kv_events)
+      continue;
+    auto s = st.sessions.find(owner->name);
+    if (s != st.sessions.end())
+      self->send(s->second.forwarder, resync_atom::value, s->second.id, replica);
+  }
+  LLMGW_LOG(info, who(st), "topology reloaded: {}", changes.summary());
+}
+
 } // namespace
 
 bool control_state::watched(const forwarder_actor& f) const {
@@ -422,6 +473,12 @@ control_actor::behavior_type control(control_actor::stateful_pointer<control_sta
       auto from = check_origin(self, r, "(engine loads)", load_report_mac);
       if (from.s)
         handle_loads(self, *from.s, r);
+    },
+    [self](const topology_reload& r) {
+      auto sender = self->current_sender();
+      if (!sender || sender->node() != self->node() || !r.topo)
+        return; // only this node's reload (the actor is published)
+      reload(self, r);
     },
     [self](metrics_atom) -> caf::result<std::string> {
       auto sender = self->current_sender();

@@ -12,6 +12,7 @@
 #include <caf/actor_system.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/openssl/publish.hpp>
+#include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
@@ -40,24 +41,32 @@ std::set<std::string> addresses_of(const std::string& host) {
   return out;
 }
 
+std::map<std::string, std::set<std::string>> agent_addresses_of(const config::topology& topo,
+                                                                const std::string& name) {
+  std::map<std::string, std::set<std::string>> out;
+  if (!topo.check_agent_address)
+    return out;
+  for (const auto& n : topo.nodes)
+    if (n.roles.agent) {
+      auto addrs = addresses_of(n.host);
+      if (addrs.empty())
+        LLMGW_LOG(warning, "node " + name,
+                  "cannot resolve agent node '{}''s host '{}': its sessions "
+                  "will be refused until it resolves",
+                  n.name, n.host);
+      addrs.insert("unresolved:" + n.host); // never matches, keeps the check on
+      out[n.name] = std::move(addrs);
+    }
+  return out;
+}
+
 control_options control_options_of(std::shared_ptr<const config::topology> topo,
                                    const std::string& name,
                                    std::shared_ptr<const config::node_identity> identity) {
   control_options opts;
   opts.node = name;
   opts.identity = std::move(identity);
-  if (topo->check_agent_address)
-    for (const auto& n : topo->nodes)
-      if (n.roles.agent) {
-        auto addrs = addresses_of(n.host);
-        if (addrs.empty())
-          LLMGW_LOG(warning, "node " + name,
-                    "cannot resolve agent node '{}''s host '{}': its sessions "
-                    "will be refused until it resolves",
-                    n.name, n.host);
-        addrs.insert("unresolved:" + n.host); // never matches, keeps the check on
-        opts.agent_addresses[n.name] = std::move(addrs);
-      }
+  opts.agent_addresses = agent_addresses_of(*topo, name);
   opts.topo = std::move(topo);
   return opts;
 }
@@ -84,6 +93,15 @@ caf::expected<std::uint16_t> publish_control(caf::actor_system& sys, const contr
   if (topo.plaintext)
     return sys.middleman().publish(plane.control, node.port, node.host.c_str(), true);
   return caf::openssl::publish(plane.control, node.port, node.host.c_str(), true);
+}
+
+void reload_control_plane(caf::actor_system& sys, const control_plane& plane,
+                          std::shared_ptr<const config::topology> fresh, const std::string& name) {
+  plane.shared_router->apply_topology(*fresh);
+  // The actors take a reload only from an actor of this node.
+  caf::scoped_actor self{sys};
+  self->send(plane.control, topology_reload{fresh, agent_addresses_of(*fresh, name)});
+  self->send(plane.tokenizer, topology_reload{fresh, {}});
 }
 
 void stop_control_plane(const control_plane& plane) {

@@ -10,6 +10,7 @@
 #include <caf/fwd.hpp>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -62,6 +63,17 @@ control_plane spawn_control_plane(caf::actor_system& sys, const control_options&
 caf::expected<std::uint16_t> publish_control(caf::actor_system& sys, const control_plane& plane,
                                              const config::topology& topo,
                                              const config::node_spec& node);
+
+/// Each agent node's resolved addresses, when `topo` checks them (a host
+/// that does not resolve is logged, and its sessions are refused until it
+/// does); empty when it does not.
+std::map<std::string, std::set<std::string>> agent_addresses_of(const config::topology& topo,
+                                                                const std::string& name);
+
+/// Puts a reloaded topology in force on control node `name`'s router (its
+/// replicas: config/topology_change.hpp), control actor and tokenizer.
+void reload_control_plane(caf::actor_system& sys, const control_plane& plane,
+                          std::shared_ptr<const config::topology> fresh, const std::string& name);
 
 /// Tells those actors to stop (a default-constructed plane is nothing to stop).
 void stop_control_plane(const control_plane& plane);

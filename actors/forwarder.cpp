@@ -88,6 +88,34 @@ void send_loads(self_ptr self) {
   self->send(st.control, std::move(r));
 }
 
+/// Asks `m` for its full state and sends it in the current session (the
+/// mirror tracks this forwarder's changes from then on).
+void send_full_copy(self_ptr self, const mirror_entry& m) {
+  auto session = self->state.window.session();
+  self->request(m.mirror, caf::infinite, subscribe_atom::value, self->state.peer)
+    .then(
+      [self, session](replica_update& u) {
+        if (self->state.control && self->state.window.session() == session
+            && !self->state.key.empty())
+          send_update(self, std::move(u));
+      },
+      [](const caf::error&) {}); // the mirror is gone (a reload removed it)
+}
+
+/// Stops forwarding `replica` (this node's reload removed or replaced its
+/// engine): its mirror forgets this forwarder.
+void detach(self_ptr self, const std::string& replica) {
+  auto& mirrors = self->state.mirrors;
+  for (auto it = mirrors.begin(); it != mirrors.end();) {
+    if (it->replica != replica) {
+      ++it;
+      continue;
+    }
+    self->send(it->mirror, unsub_atom::value, self->state.peer);
+    it = mirrors.erase(it);
+  }
+}
+
 /// Schedules the next connection attempt, unless one is scheduled already:
 /// one chain of attempts at a time.
 void schedule_connect(self_ptr self) {
@@ -206,12 +234,7 @@ void on_proof(self_ptr self, const control_proof& proof) {
             session, st.mirrors.size());
   // The first update of every replica in a session is its full state.
   for (const auto& m : st.mirrors)
-    self->request(m.mirror, caf::infinite, subscribe_atom::value, st.peer)
-      .then([self, session](replica_update& u) {
-        if (self->state.control && self->state.window.session() == session
-            && !self->state.key.empty())
-          send_update(self, std::move(u));
-      });
+    send_full_copy(self, m);
 }
 
 } // namespace
@@ -276,11 +299,13 @@ forwarder_actor::behavior_type forwarder(forwarder_actor::stateful_pointer<forwa
       auto session = st.window.session();
       for (const auto& m : st.mirrors)
         self->request(m.mirror, caf::infinite, drain_atom::value, st.peer)
-          .then([self, session](replica_update& u) {
-            if (!self->state.control || self->state.window.session() != session || is_empty(u))
-              return;
-            send_update(self, std::move(u));
-          });
+          .then(
+            [self, session](replica_update& u) {
+              if (!self->state.control || self->state.window.session() != session || is_empty(u))
+                return;
+              send_update(self, std::move(u));
+            },
+            [](const caf::error&) {}); // the mirror is gone (a reload removed it)
     },
     [self](const control_proof& proof) { on_proof(self, proof); },
     [self](timeout_atom, std::uint64_t session) {
@@ -312,6 +337,33 @@ forwarder_actor::behavior_type forwarder(forwarder_actor::stateful_pointer<forwa
                 log::printable(why, 400), st.opts.backoff_max.count());
       ++st.counts->sessions_refused;
       end_session(self);
+    },
+    [self](resync_atom, std::uint64_t session, const std::string& replica) {
+      auto& st = self->state;
+      if (!st.control || session != st.window.session() || st.key.empty())
+        return;
+      auto current = self->current_sender();
+      if (!current || current->get()->address() != st.control.address())
+        return; // only the control node this session is with may ask
+      for (const auto& m : st.mirrors)
+        if (m.replica == replica)
+          send_full_copy(self, m);
+    },
+    [self](attach_atom, const std::string& replica, const caf::actor& mirror) {
+      if (!from_this_node(self) || !mirror)
+        return;
+      auto& st = self->state;
+      auto handle = caf::actor_cast<mirror_actor>(mirror);
+      for (const auto& m : st.mirrors)
+        if (m.mirror == handle)
+          return; // attached already
+      st.mirrors.push_back(mirror_entry{replica, handle});
+      if (st.control && !st.key.empty())
+        send_full_copy(self, st.mirrors.back());
+    },
+    [self](detach_atom, const std::string& replica) {
+      if (from_this_node(self))
+        detach(self, replica);
     },
   };
 }

@@ -31,6 +31,9 @@ using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
 using tokenize_atom = caf::atom_constant<caf::atom("tokenize")>;
 using tokenized_atom = caf::atom_constant<caf::atom("tokenized")>;
 using timeout_atom = caf::atom_constant<caf::atom("timeout")>;
+using resync_atom = caf::atom_constant<caf::atom("resync")>;
+using attach_atom = caf::atom_constant<caf::atom("attach")>;
+using detach_atom = caf::atom_constant<caf::atom("detach")>;
 
 /// The only owner of one engine's block table.
 using mirror_actor = caf::typed_actor<
@@ -61,7 +64,15 @@ using forwarder_actor = caf::typed_actor<
   // The control node applied updates up to a seq.
   caf::reacts_to<session_ack>,
   // The control node refused the session (why, for the log); retry later.
-  caf::reacts_to<refused_atom, std::uint64_t, std::string>>;
+  caf::reacts_to<refused_atom, std::uint64_t, std::string>,
+  // The control node asks again for a replica's full copy in this session
+  // (its topology gained the replica by a reload).
+  caf::reacts_to<resync_atom, std::uint64_t, std::string>,
+  // This node's reload: forward a new mirror (a mirror_actor) for a replica
+  // from now on, starting with its full copy.
+  caf::reacts_to<attach_atom, std::string, caf::actor>,
+  // This node's reload: stop forwarding a replica's mirror.
+  caf::reacts_to<detach_atom, std::string>>;
 
 /// Starts one engine and restarts it with backoff when it exits.
 using engine_supervisor_actor = caf::typed_actor<
@@ -89,6 +100,8 @@ using control_actor = caf::typed_actor<
   caf::reacts_to<replica_update>,
   // The loads of the node's engines, within a session.
   caf::reacts_to<load_report>,
+  // This node's reload: the topology in force from now on.
+  caf::reacts_to<topology_reload>,
   // Prometheus text of the control actor's counters.
   caf::replies_to<metrics_atom>::with<std::string>>;
 
@@ -109,6 +122,8 @@ using tokenizer_actor = caf::typed_actor<
   // Tokens for a /tokenize body (wire::openai_request) of a model.
   caf::replies_to<tokenize_atom, std::string, std::string>::with<tokenize_reply>,
   // Internal: the HTTP client's answer for request N.
-  caf::reacts_to<tokenized_atom, std::uint64_t, tokenize_reply>>;
+  caf::reacts_to<tokenized_atom, std::uint64_t, tokenize_reply>,
+  // This node's reload: the replicas to tokenize with from now on.
+  caf::reacts_to<topology_reload>>;
 
 } // namespace llmgw

@@ -35,6 +35,23 @@ engine_loads::engine_loads(std::vector<std::string> replicas) {
   }
 }
 
+void engine_loads::set_replicas(const std::vector<std::string>& replicas) {
+  std::lock_guard<std::mutex> lock(mtx_);
+  std::vector<entry> fresh;
+  for (const auto& r : replicas) {
+    if (auto* e = find(r)) {
+      fresh.push_back(*e);
+      // The scraper is new too: the old one's call in flight may never end.
+      fresh.back().in_flight = false;
+      continue;
+    }
+    entry e;
+    e.replica = r;
+    fresh.push_back(std::move(e));
+  }
+  entries_ = std::move(fresh);
+}
+
 engine_loads::entry* engine_loads::find(const std::string& replica) {
   for (auto& e : entries_)
     if (e.replica == replica)

@@ -34,6 +34,10 @@ public:
 
   explicit engine_loads(std::vector<std::string> replicas);
 
+  /// The engines read from now on (a reload): one still there keeps its
+  /// reading and counts, others start unknown.
+  void set_replicas(const std::vector<std::string>& replicas);
+
   /// `replica`'s engine reported `g` at `at`.
   void read(const std::string& replica, const wire::engine_gauges& g, clock::time_point at);
   /// A scrape of `replica`'s engine ended with `o` (ok after read()); true

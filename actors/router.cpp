@@ -9,6 +9,12 @@ namespace llmgw {
 
 void apply_update(routing::router_core& core, routing::router_stats& stats, const replica_update& u,
                   std::chrono::steady_clock::time_point now) {
+  if (!core.configured(u.replica)) {
+    // Checked against the topology in force when it arrived; the replica
+    // was removed by a reload since. Its state must not come back.
+    ++stats.removed_updates;
+    return;
+  }
   auto& kv = core.kv();
   auto before = kv.find(u.replica, u.dp_rank);
   auto was = before ? kv.info(*before).parity : kv::parity_state::unknown;

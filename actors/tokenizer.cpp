@@ -36,6 +36,21 @@ const tokenizer_state::replica* pick(tokenizer_state& st, const std::string& mod
   return fallback;
 }
 
+/// Tokenizes with the replicas of `topo` from now on; one still there
+/// keeps its time out (bad_until). Calls in flight answer as they will.
+void use_replicas_of(tokenizer_state& st, const config::topology& topo) {
+  std::vector<tokenizer_state::replica> fresh;
+  for (const auto& n : topo.nodes)
+    for (const auto& e : n.engines) {
+      tokenizer_state::replica r{e.replica, e.model, e.lora, e.url, {}};
+      for (const auto& old : st.replicas)
+        if (old.name == e.replica && old.url == e.url)
+          r.bad_until = old.bad_until;
+      fresh.push_back(std::move(r));
+    }
+  st.replicas = std::move(fresh);
+}
+
 } // namespace
 
 tokenizer_actor::behavior_type tokenizer(tokenizer_actor::stateful_pointer<tokenizer_state> self,
@@ -43,9 +58,7 @@ tokenizer_actor::behavior_type tokenizer(tokenizer_actor::stateful_pointer<token
                                          std::shared_ptr<routing::token_cache> cache) {
   auto& st = self->state;
   st.cache = std::move(cache);
-  for (const auto& n : topo.nodes)
-    for (const auto& e : n.engines)
-      st.replicas.push_back({e.replica, e.model, e.lora, e.url, {}});
+  use_replicas_of(st, topo);
   st.timeout = topo.router.tokenize_timeout;
   st.http = std::make_unique<http_client>();
   return {
@@ -119,6 +132,12 @@ tokenizer_actor::behavior_type tokenizer(tokenizer_actor::stateful_pointer<token
                   r.replica, r.error, st.bad_for.count());
       }
       w.promise.deliver(std::move(r));
+    },
+    [self](const topology_reload& r) {
+      auto sender = self->current_sender();
+      if (!sender || sender->node() != self->node() || !r.topo)
+        return; // only this node's reload
+      use_replicas_of(self->state, *r.topo);
     },
   };
 }

@@ -50,6 +50,7 @@ control_actor::behavior_type counting_control(control_actor::pointer self,
     [self, fwd](const load_report& r) {
       self->send(*fwd, session_ack{r.session, r.seq});
     },
+    [](const topology_reload&) {},
     [](metrics_atom) { return std::string{}; },
   };
 }

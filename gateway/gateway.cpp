@@ -27,15 +27,11 @@ namespace {
 
 namespace json = boost::json;
 
-} // namespace
-
-gateway::gateway(caf::actor_system& sys, std::shared_ptr<const config::topology> topo,
-                 const std::string& host, std::uint16_t port, control_plane plane,
-                 const std::string& admin_host, std::uint16_t admin_port)
-  : sys_(sys), topo_(std::move(topo)), plane_(std::move(plane)) {
+/// /v1/models: every model and LoRA adapter of the topology's engines.
+std::string models_json_of(const config::topology& topo) {
   json::array data;
   std::set<std::string> seen;
-  for (const auto& n : topo_->nodes)
+  for (const auto& n : topo.nodes)
     for (const auto& e : n.engines) {
       auto add = [&](const std::string& id, const std::string& parent) {
         if (!seen.insert(id).second)
@@ -55,8 +51,17 @@ gateway::gateway(caf::actor_system& sys, std::shared_ptr<const config::topology>
   json::object models;
   models["object"] = "list";
   models["data"] = std::move(data);
-  models_json_ = json::serialize(models);
-  const auto& g = topo_->gateway;
+  return json::serialize(models);
+}
+
+} // namespace
+
+gateway::gateway(caf::actor_system& sys, std::shared_ptr<const config::topology> topo,
+                 const std::string& host, std::uint16_t port, control_plane plane,
+                 const std::string& admin_host, std::uint16_t admin_port)
+  : sys_(sys), topo_(topo), plane_(std::move(plane)) {
+  models_json_ = models_json_of(*topo);
+  const auto& g = topo->gateway;
   stats_ = std::make_shared<proxy_stats>();
   // A loop per thread, each with its connections and its own upstream
   // client: a request, its upstream call and the answer's relay never cross
@@ -82,7 +87,7 @@ gateway::gateway(caf::actor_system& sys, std::shared_ptr<const config::topology>
   if (!error_.empty())
     return;
   prober_ = std::make_unique<health_prober>(
-    topo_, upstreams_.front().second, plane_.shared_router,
+    topo, upstreams_.front().second, plane_.shared_router,
     [stats = stats_](const std::string& replica) { abandon_attempts(*stats, replica); });
   if (admin_host.empty())
     return;
@@ -106,6 +111,21 @@ gateway::gateway(caf::actor_system& sys, std::shared_ptr<const config::topology>
 
 gateway::~gateway() {
   stop();
+}
+
+void gateway::reload(std::shared_ptr<const config::topology> fresh) {
+  {
+    std::lock_guard<std::mutex> g(models_mtx_);
+    models_json_ = models_json_of(*fresh);
+  }
+  if (prober_)
+    prober_->set_targets(*fresh);
+  topo_.set(std::move(fresh));
+}
+
+std::string gateway::models_json() const {
+  std::lock_guard<std::mutex> g(models_mtx_);
+  return models_json_;
 }
 
 void gateway::add_metrics(std::function<void(wire::metrics_text&)> f) {
@@ -267,7 +287,7 @@ void gateway::handle(http_request&& req, http_responder respond) {
     return;
   if (path == "/v1/models") {
     if (method_is("GET"))
-      respond(json_reply(200, models_json_));
+      respond(json_reply(200, models_json()));
     return;
   }
   if (path == "/v1/completions" || path == "/v1/chat/completions") {
@@ -278,7 +298,7 @@ void gateway::handle(http_request&& req, http_responder respond) {
                           "this gateway is draining (stopping): send the request to another"));
       return;
     }
-    proxy_request(proxy_context{sys_, plane_, topo_, upstream_here(), stats_}, std::move(req),
+    proxy_request(proxy_context{sys_, plane_, topo_.get(), upstream_here(), stats_}, std::move(req),
                   std::move(respond), path,
                   path == "/v1/completions" ? wire::request_kind::completion
                                             : wire::request_kind::chat);
@@ -292,10 +312,11 @@ void gateway::handle(http_request&& req, http_responder respond) {
       respond(error_reply(400, "BadRequestError", parsed.err().message));
       return;
     }
-    route_request(sys_, plane_, topo_, *parsed, true, [respond](const routing::route_decision& d) {
-      int status = d.replica.empty() ? 404 : 200;
-      respond(json_reply(status, routing::decision_json(d)));
-    });
+    route_request(sys_, plane_, topo_.get(), *parsed, true,
+                  [respond](const routing::route_decision& d) {
+                    int status = d.replica.empty() ? 404 : 200;
+                    respond(json_reply(status, routing::decision_json(d)));
+                  });
     return;
   }
   respond(error_reply(404, "NotFoundError", "no such endpoint: " + req.method + " " + path));

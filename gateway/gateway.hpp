@@ -29,6 +29,7 @@
 
 #include "actors/control_plane.hpp"
 #include "config/topology.hpp"
+#include "config/topology_change.hpp"
 #include "net/http_server.hpp"
 #include "wire/openai_request.hpp"
 
@@ -76,6 +77,12 @@ public:
   /// stop() afterwards.
   bool drain(std::chrono::milliseconds timeout);
 
+  /// Puts a reloaded topology in force for requests that start from now
+  /// on (those in flight keep theirs): /v1/models and the health probes
+  /// follow it. The router and the control plane's actors are reloaded by
+  /// reload_control_plane, first.
+  void reload(std::shared_ptr<const config::topology> fresh);
+
   /// Adds what `f` writes to /metrics (an agent's counters on a node with
   /// both roles).
   void add_metrics(std::function<void(wire::metrics_text&)> f);
@@ -92,11 +99,13 @@ private:
   std::string local_metrics();
   /// The upstream client on the calling thread's loop.
   std::shared_ptr<http_client> upstream_here() const;
+  std::string models_json() const;
 
   caf::actor_system& sys_;
-  std::shared_ptr<const config::topology> topo_;
+  config::live_topology topo_;
   control_plane plane_;
-  std::string models_json_;
+  mutable std::mutex models_mtx_;
+  std::string models_json_; ///< guarded by models_mtx_
   std::shared_ptr<proxy_stats> stats_;
   /// The upstream client of each loop (before server_: stopped after it).
   std::vector<std::pair<const io_loop*, std::shared_ptr<http_client>>> upstreams_;

@@ -5,6 +5,7 @@
 #include "routing/shared_router.hpp"
 #include "wire/metrics_text.hpp"
 
+#include <algorithm>
 #include <vector>
 
 namespace llmgw {
@@ -25,21 +26,21 @@ struct health_prober::state {
     bool in_flight = false;
     std::uint64_t ok = 0;
     std::uint64_t failed = 0;
+    std::uint64_t& ok_count(bool answered_ok) { return answered_ok ? ok : failed; }
   };
   std::vector<target> targets; ///< guarded by mtx
 
   /// One probe's outcome, on the client's loop.
-  void answered(std::size_t i, const http_response& r) {
+  void answered(const std::string& replica, const std::string& url, const http_response& r) {
     bool ok = r.status == 200;
-    std::string replica;
     {
       std::lock_guard<std::mutex> g(mtx);
-      auto& t = targets[i];
-      t.in_flight = false;
-      ++(ok ? t.ok : t.failed);
-      if (stopping)
-        return;
-      replica = t.replica;
+      auto t = std::find_if(targets.begin(), targets.end(),
+                            [&](const target& x) { return x.replica == replica && x.url == url; });
+      if (t == targets.end() || stopping)
+        return; // a reload removed or moved it meanwhile
+      t->in_flight = false;
+      ++(t->ok_count(ok));
     }
     if (!router->probe_result(replica, ok))
       return;
@@ -66,11 +67,23 @@ health_prober::health_prober(std::shared_ptr<const config::topology> topo,
   state_->topo = std::move(topo);
   state_->client = client;
   state_->router = std::move(router);
-  for (const auto& n : state_->topo->nodes)
-    for (const auto& e : n.engines)
-      state_->targets.push_back({e.replica, e.url});
-  if (state_->topo->gateway.health_interval.count() > 0 && !state_->targets.empty())
+  set_targets(*state_->topo);
+  if (state_->topo->gateway.health_interval.count() > 0)
     thread_ = std::thread([this] { run(); });
+}
+
+void health_prober::set_targets(const config::topology& topo) {
+  std::vector<state::target> fresh;
+  std::lock_guard<std::mutex> g(state_->mtx);
+  for (const auto& n : topo.nodes)
+    for (const auto& e : n.engines) {
+      state::target t{e.replica, e.url};
+      for (const auto& old : state_->targets)
+        if (old.replica == t.replica && old.url == t.url)
+          t = old; // its counts, and a probe in flight
+      fresh.push_back(std::move(t));
+    }
+  state_->targets = std::move(fresh);
 }
 
 health_prober::~health_prober() {
@@ -101,10 +114,12 @@ void health_prober::run() {
         return; // the gateway is gone
       t.in_flight = true;
       auto url = t.url;
+      auto replica = t.replica;
       g.unlock();
       // The answer holds the state, not the prober: it may come after stop().
-      client->request("GET", url, "/health", {}, gw.health_timeout,
-                      [st, i](const http_response& r) { st->answered(i, r); });
+      client->request(
+        "GET", url, "/health", {}, gw.health_timeout,
+        [st, replica, url](const http_response& r) { st->answered(replica, url, r); });
       client.reset();
       g.lock();
       if (st->stopping)

@@ -55,6 +55,10 @@ public:
   /// Stops probing (answers still on their way are ignored).
   void stop();
 
+  /// Probes the replicas of `topo` from now on (a reload): one still there
+  /// at the same url keeps its counts.
+  void set_targets(const config::topology& topo);
+
   /// Appends llmgw_health_probes_total.
   void append_metrics(wire::metrics_text& m) const;
 

@@ -5,6 +5,7 @@
 #include "wire/metrics_text.hpp"
 
 #include <algorithm>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -49,6 +50,28 @@ std::string check_node_certificate(const node_port_limits& limits, std::string_v
   if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), fingerprint) == allowed.end())
     return "certificate " + fingerprint + " is not among node '" + *name + "''s fingerprints";
   return {};
+}
+
+namespace {
+std::mutex& nodes_mutex() {
+  static std::mutex m;
+  return m;
+}
+} // namespace
+
+void set_node_certificates(std::map<std::string, std::vector<std::string>> nodes) {
+  std::lock_guard<std::mutex> g(nodes_mutex());
+  node_port_settings().nodes = std::move(nodes);
+}
+
+bool node_certificates_checked() {
+  std::lock_guard<std::mutex> g(nodes_mutex());
+  return !node_port_settings().nodes.empty();
+}
+
+std::string check_node_certificate_now(std::string_view der) {
+  std::lock_guard<std::mutex> g(nodes_mutex());
+  return check_node_certificate(node_port_settings(), der);
 }
 
 void basp_frame_guard::refuse(verdict why, std::uint32_t length) {

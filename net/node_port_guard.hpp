@@ -82,6 +82,16 @@ void append_node_port_metrics(wire::metrics_text& m);
 /// "" (also when nodes is empty).
 std::string check_node_certificate(const node_port_limits& limits, std::string_view der);
 
+/// Puts `nodes` in force as node_port_settings().nodes (a reload of the
+/// topology), while the hooks may be checking connections on other threads.
+void set_node_certificates(std::map<std::string, std::vector<std::string>> nodes);
+
+/// Whether node_port_settings().nodes is set (certificates are checked).
+bool node_certificates_checked();
+
+/// check_node_certificate against the nodes in force, under their lock.
+std::string check_node_certificate_now(std::string_view der);
+
 /// Follows one peer's BASP byte stream, as TLS hands it over in pieces of
 /// any size, and refuses it at the first header that announces more payload
 /// than allowed or a message llmgw does not accept (above). Pure: no sockets.

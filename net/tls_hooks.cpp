@@ -210,8 +210,7 @@ bool peer_allowed(SSL* ssl) {
   static int refused_index = SSL_get_ex_new_index(0, nullptr, nullptr, nullptr, nullptr);
   if (SSL_get_ex_data(ssl, refused_index))
     return false;
-  const auto& limits = llmgw::node_port_settings();
-  if (limits.nodes.empty())
+  if (!llmgw::node_certificates_checked())
     return true;
   std::string der;
   if (X509* peer = SSL_get0_peer_certificate(ssl)) {
@@ -221,8 +220,7 @@ bool peer_allowed(SSL* ssl) {
       der.assign(reinterpret_cast<const char*>(buf), static_cast<std::size_t>(len));
     OPENSSL_free(buf);
   }
-  auto why =
-    der.empty() ? std::string("no certificate") : llmgw::check_node_certificate(limits, der);
+  auto why = der.empty() ? std::string("no certificate") : llmgw::check_node_certificate_now(der);
   if (why.empty())
     return true;
   ++llmgw::node_port_counters().certificates_refused;

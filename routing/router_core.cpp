@@ -29,19 +29,76 @@ router_core::router_core(const config::topology& topo)
   auto& age = settings_.engine_load_max_age;
   if (age.count() > 0)
     age = std::max(age, 2 * std::max(topo.flush_interval, std::chrono::milliseconds(100)));
+  apply_topology(topo);
+}
+
+namespace {
+
+router_core::replica_entry entry_of(const config::node_spec& n, const config::engine_spec& e) {
+  router_core::replica_entry r;
+  r.name = e.replica;
+  r.node = n.name;
+  r.model = e.model;
+  r.lora = e.lora;
+  r.url = e.url;
+  r.kv_events = e.kv_events;
+  r.dp_size = e.dp_size;
+  return r;
+}
+
+bool same_entry(const router_core::replica_entry& a, const router_core::replica_entry& b) {
+  return a.name == b.name && a.node == b.node && a.model == b.model && a.lora == b.lora
+         && a.url == b.url && a.kv_events == b.kv_events && a.dp_size == b.dp_size;
+}
+
+} // namespace
+
+void router_core::retire(std::size_t i) {
+  auto& r = replicas_[i];
+  kv_.drop_replica(r.name);
+  tree_.forget(static_cast<tree_replica>(i));
+  replica_entry empty;
+  empty.name = std::move(r.name); // kept: a new replica of that name takes this slot again
+  empty.retired = true;
+  r = std::move(empty);
+}
+
+void router_core::apply_topology(const config::topology& topo) {
+  std::vector<replica_entry> wanted;
   for (const auto& n : topo.nodes)
-    for (const auto& e : n.engines) {
-      replica_entry r;
-      r.name = e.replica;
-      r.node = n.name;
-      r.model = e.model;
-      r.lora = e.lora;
-      r.url = e.url;
-      r.kv_events = e.kv_events;
-      r.dp_size = e.dp_size;
-      replicas_.push_back(std::move(r));
-    }
-  replica_holders_.resize(replicas_.size());
+    for (const auto& e : n.engines)
+      wanted.push_back(entry_of(n, e));
+  auto is_wanted = [&](const replica_entry& r) {
+    return std::any_of(wanted.begin(), wanted.end(),
+                       [&](const replica_entry& w) { return same_entry(w, r); });
+  };
+  for (std::size_t i = 0; i < replicas_.size(); ++i)
+    if (!replicas_[i].retired && !is_wanted(replicas_[i]))
+      retire(i);
+  for (auto& w : wanted) {
+    auto live = std::find_if(replicas_.begin(), replicas_.end(), [&](const replica_entry& r) {
+      return !r.retired && r.name == w.name;
+    });
+    if (live != replicas_.end())
+      continue; // unchanged: keeps its state
+    // The slot it had, else any free one, else a new one.
+    auto slot = std::find_if(replicas_.begin(), replicas_.end(),
+                             [&](const replica_entry& r) { return r.retired && r.name == w.name; });
+    if (slot == replicas_.end())
+      slot = std::find_if(replicas_.begin(), replicas_.end(),
+                          [](const replica_entry& r) { return r.retired; });
+    if (slot == replicas_.end())
+      replicas_.push_back(std::move(w));
+    else
+      *slot = std::move(w);
+  }
+  replica_holders_.assign(replicas_.size(), {});
+  known_holders_ = static_cast<std::size_t>(-1); // rebuilt on the next decision
+}
+
+bool router_core::configured(const std::string& replica) const {
+  return std::any_of(replicas_.begin(), replicas_.end(),
+                     [&](const replica_entry& r) { return !r.retired && r.name == replica; });
 }
 
 void router_core::remember(const route_decision& d, const std::vector<std::uint64_t>& chunks,
@@ -49,7 +106,7 @@ void router_core::remember(const route_decision& d, const std::vector<std::uint6
   if (chunks.empty() || d.replica.empty())
     return;
   for (std::size_t i = 0; i < replicas_.size(); ++i)
-    if (replicas_[i].name == d.replica) {
+    if (!replicas_[i].retired && replicas_[i].name == d.replica) {
       tree_.insert(static_cast<tree_replica>(i), chunks, now);
       return;
     }
@@ -82,7 +139,7 @@ std::uint32_t router_core::replica_entry::recent_shortfalls() const {
 
 router_core::replica_entry* router_core::find(const std::string& replica) {
   for (auto& r : replicas_)
-    if (r.name == replica)
+    if (!r.retired && r.name == replica)
       return &r;
   return nullptr;
 }
@@ -266,7 +323,11 @@ bool router_core::probe_result(const std::string& replica, bool ok,
 
 std::string router_core::unready_reason(std::chrono::steady_clock::time_point now) const {
   std::size_t up = 0;
+  std::size_t configured = 0;
   for (const auto& r : replicas_) {
+    if (r.retired)
+      continue;
+    ++configured;
     if (r.down(now))
       continue;
     ++up;
@@ -279,7 +340,7 @@ std::string router_core::unready_reason(std::chrono::steady_clock::time_point no
       if (kv_.info(h).has_state)
         return {};
   }
-  if (replicas_.empty())
+  if (configured == 0)
     return "the topology has no replicas";
   if (up == 0)
     return "every replica is avoided (failed requests or health probes)";
@@ -288,7 +349,7 @@ std::string router_core::unready_reason(std::chrono::steady_clock::time_point no
 
 void router_core::forget_sent(const std::string& replica) {
   for (std::size_t i = 0; i < replicas_.size(); ++i)
-    if (replicas_[i].name == replica) {
+    if (!replicas_[i].retired && replicas_[i].name == replica) {
       tree_.forget(static_cast<tree_replica>(i));
       // Its cache is empty, and so is the index's state of it: nothing
       // wrong is left there to distrust.
@@ -306,12 +367,12 @@ route_decision router_core::decide(const route_query& q,
   d.prompt_chunks = static_cast<std::uint32_t>(q.chunks.size());
   candidates_.clear();
   for (std::size_t i = 0; i < replicas_.size(); ++i)
-    if (config::serves(replicas_[i].model, replicas_[i].lora, q.model)
+    if (!replicas_[i].retired && config::serves(replicas_[i].model, replicas_[i].lora, q.model)
         && std::find(q.exclude.begin(), q.exclude.end(), replicas_[i].name) == q.exclude.end())
       candidates_.push_back(i);
   if (candidates_.empty()) {
     bool served = std::any_of(replicas_.begin(), replicas_.end(), [&](const replica_entry& r) {
-      return config::serves(r.model, r.lora, q.model);
+      return !r.retired && config::serves(r.model, r.lora, q.model);
     });
     d.failure = served ? route_failure::all_excluded : route_failure::unknown_model;
     d.error = served ? "every replica serving model '" + q.model + "' was tried"

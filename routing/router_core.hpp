@@ -220,6 +220,18 @@ public:
   /// Forgets the engine's load (its agent went away).
   void forget_engine_load(const std::string& replica);
 
+  /// Puts a reloaded topology's replicas in force: a replica no longer in
+  /// it, or whose entry or node changed, is retired (never chosen again, its
+  /// KV state, tier-1 memory and load forgotten; a request in flight there
+  /// still reports its end, which is ignored); one new to it (or changed)
+  /// starts with no state, as at start. Unchanged replicas keep everything.
+  /// The router's settings are not reloaded (config/topology_change.hpp).
+  void apply_topology(const config::topology& topo);
+
+  /// Whether `replica` is a replica of the topology in force (updates for
+  /// any other, in flight when it was removed, are ignored).
+  bool configured(const std::string& replica) const;
+
   /// Tier 1's memory of what was sent where (for its size in /metrics).
   const prefix_tree& tier1() const noexcept { return tree_; }
 
@@ -236,6 +248,9 @@ public:
     std::string url;
     bool kv_events = false;
     std::uint32_t dp_size = 1; ///< the engine's data-parallel ranks
+    /// Removed by a reload: its slot (and tier-1 index) waits for a new
+    /// replica, and nothing is routed or reported for it.
+    bool retired = false;
     std::uint32_t outstanding = 0;
     std::chrono::steady_clock::time_point down_until{};
     bool down_unreachable = false;    ///< down_until is for being unreachable
@@ -276,6 +291,7 @@ public:
       return engine_load_known && now - engine_load_at <= max_age;
     }
   };
+  /// Every slot, retired ones too (skip those: replica_entry::retired).
   const std::vector<replica_entry>& replicas() const noexcept { return replicas_; }
 
   const router_counters& counters() const noexcept { return counters_; }
@@ -285,6 +301,8 @@ public:
 private:
   /// Keeps replica_holders_ in step with the holders the index has seen.
   void refresh_holders();
+  /// Retires slot `i` (apply_topology).
+  void retire(std::size_t i);
   replica_entry* find(const std::string& replica);
   /// Notes in `times` that one of this gateway's requests was sent or left
   /// the queue at `now`, forgetting what no report can still need.

@@ -39,6 +39,8 @@ std::string kv_replicas_json(const router_core& core, const router_stats& stats,
   const auto& kv = core.kv();
   json::array replicas;
   for (const auto& r : core.replicas()) {
+    if (r.retired)
+      continue;
     json::object o;
     o["replica"] = r.name;
     o["node"] = r.node;
@@ -194,12 +196,13 @@ void append_router_metrics(wire::metrics_text& m, const router_core& core,
               stats.matched_share_kv, {{"tier", "kv"}});
   m.histogram("llmgw_prefix_matched_share", "Share of the prompt the chosen replica held.",
               stats.matched_share_approx, {{"tier", "approx"}});
-  m.counter("llmgw_kv_updates_ignored_total",
-            "Agent changes ignored: from an older epoch, or before a full copy.",
-            static_cast<double>(stats.stale_updates), {{"reason", "stale_epoch"}});
-  m.counter("llmgw_kv_updates_ignored_total",
-            "Agent changes ignored: from an older epoch, or before a full copy.",
-            static_cast<double>(stats.unexpected_updates), {{"reason", "before_full_copy"}});
+  for (auto [reason, n] : {std::pair{"stale_epoch", stats.stale_updates},
+                           {"before_full_copy", stats.unexpected_updates},
+                           {"removed_replica", stats.removed_updates}})
+    m.counter("llmgw_kv_updates_ignored_total",
+              "Agent changes ignored: from an older epoch, before a full copy, or for a "
+              "replica a reload removed since they were checked.",
+              static_cast<double>(n), {{"reason", reason}});
   m.gauge("llmgw_kv_watched_predictions",
           "Predictions of cached tokens waiting for their answer (each routed request's).",
           static_cast<double>(core.kv().watching()));
@@ -216,10 +219,13 @@ void append_router_metrics(wire::metrics_text& m, const router_core& core,
           static_cast<double>(core.tier1().nodes()));
   const auto& kv = core.kv();
   for (std::size_t i = 0; i < core.replicas().size(); ++i)
-    m.gauge("llmgw_tier1_chunks", "Prompt chunks tier 1 remembers sending to the replica.",
-            static_cast<double>(core.tier1().size(static_cast<tree_replica>(i))),
-            {{"replica", core.replicas()[i].name}});
+    if (!core.replicas()[i].retired)
+      m.gauge("llmgw_tier1_chunks", "Prompt chunks tier 1 remembers sending to the replica.",
+              static_cast<double>(core.tier1().size(static_cast<tree_replica>(i))),
+              {{"replica", core.replicas()[i].name}});
   for (const auto& r : core.replicas()) {
+    if (r.retired)
+      continue;
     m.gauge("llmgw_replica_outstanding", "Requests in flight per replica.", r.outstanding,
             {{"replica", r.name}});
     m.gauge("llmgw_replica_up",

@@ -30,6 +30,7 @@ struct router_stats {
   std::map<std::string, std::uint64_t> mismatches; ///< times a replica turned "hash mismatch"
   std::uint64_t stale_updates = 0;                 ///< changes from an older epoch, ignored
   std::uint64_t unexpected_updates = 0;            ///< changes before a full copy, ignored
+  std::uint64_t removed_updates = 0; ///< changes for a replica removed by a reload, ignored
   std::uint64_t tokenize_failures = 0;
   wire::histogram tokenize_seconds;
   wire::histogram decision_seconds; ///< hashing the prompt plus deciding

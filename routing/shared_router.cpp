@@ -4,6 +4,11 @@ namespace llmgw::routing {
 
 shared_router::shared_router(const config::topology& topo) : core_(topo) {}
 
+void shared_router::apply_topology(const config::topology& topo) {
+  std::lock_guard<std::mutex> g(mtx_);
+  core_.apply_topology(topo);
+}
+
 route_decision shared_router::decide(const route_query& q) {
   std::lock_guard<std::mutex> g(mtx_);
   return decide_locked(q);

@@ -49,6 +49,9 @@ public:
   void mark_down(const std::string& replica, std::chrono::milliseconds how_long,
                  bool unreachable = true);
 
+  /// Puts a reloaded topology's replicas in force (router_core).
+  void apply_topology(const config::topology& topo);
+
   /// Appends the router's metrics (append_router_metrics), holding the lock.
   void append_metrics(wire::metrics_text& out);
 

@@ -18,6 +18,7 @@
 #include "apps/llmgw/commands.hpp"
 #include "base/log.hpp"
 #include "config/topology.hpp"
+#include "config/topology_change.hpp"
 #include "gateway/gateway.hpp"
 #include "net/node_port_guard.hpp"
 #include "wire/metrics_text.hpp"
@@ -33,7 +34,10 @@
 #include <caf/typed_event_based_actor.hpp>
 #include <fmt/format.h>
 
+#include <atomic>
 #include <csignal>
+#include <map>
+#include <mutex>
 #include <pthread.h>
 #include <sys/socket.h>
 
@@ -68,6 +72,86 @@ struct node_config : caf::actor_system_config {
     set("logger.verbosity", caf::atom("quiet"));
   }
 };
+
+/// Reloads (SIGHUP) counted for /metrics.
+struct reload_counts {
+  std::atomic<std::uint64_t> applied{0};
+  std::atomic<std::uint64_t> refused{0};
+};
+
+void append_reload_metrics(wire::metrics_text& m, const reload_counts& c) {
+  for (auto [outcome, n] : {std::pair{"applied", c.applied.load()}, {"refused", c.refused.load()}})
+    m.counter("llmgw_topology_reloads_total",
+              "Reloads of the topology file (SIGHUP): applied, or refused (the file has "
+              "problems, or changes what needs a restart; the topology in force stays).",
+              static_cast<double>(n), {{"outcome", outcome}});
+}
+
+/// The agent's counters as the HTTP threads read them: no actor handles,
+/// and replaced whole when a reload changes the engines or control nodes.
+class agent_counters {
+public:
+  void set(const agent_handles& h) {
+    auto counted = std::make_shared<agent_handles>();
+    counted->subscribers = h.subscribers;
+    counted->forwarders = h.forwarders;
+    counted->mirror_views = h.mirror_views;
+    counted->loads = h.loads;
+    std::lock_guard<std::mutex> g(mtx_);
+    current_ = std::move(counted);
+  }
+  /// Null on a node without the agent role.
+  std::shared_ptr<const agent_handles> get() const {
+    std::lock_guard<std::mutex> g(mtx_);
+    return current_;
+  }
+
+private:
+  mutable std::mutex mtx_;
+  std::shared_ptr<const agent_handles> current_;
+};
+
+/// SIGHUP: the topology file read and checked again as at start (every
+/// problem is printed as `llmgw check` prints it). The new topology, or null
+/// when it is refused: it has problems, or changes what this node reads
+/// only at start (config/topology_change.hpp). Counted either way.
+std::shared_ptr<const config::topology>
+reload_topology(const std::shared_ptr<const config::topology>& old, const std::string& name,
+                const std::string& who, reload_counts& counts) {
+  LLMGW_LOG(info, who, "SIGHUP: reading {} again", old->path);
+  config::topology fresh;
+  config::topology_options only_mine;
+  only_mine.tls_files_of = name;
+  if (!load_or_report(old->path, fresh, "node", only_mine)) {
+    ++counts.refused;
+    LLMGW_LOG(error, who,
+              "reload refused: {} has problems (listed above, as `llmgw check` lists them); the "
+              "topology in force stays",
+              old->path);
+    return nullptr;
+  }
+  auto needs = config::restart_needed(*old, fresh, name);
+  if (!needs.empty()) {
+    ++counts.refused;
+    std::string why;
+    for (const auto& n : needs)
+      why += (why.empty() ? "" : "; ") + n;
+    LLMGW_LOG(error, who,
+              "reload refused: {} changes what this node reads only at start ({}); the topology "
+              "in force stays: restart the node for those",
+              old->path, why);
+    return nullptr;
+  }
+  if (!fresh.plaintext) {
+    std::map<std::string, std::vector<std::string>> nodes;
+    for (const auto& n : fresh.nodes)
+      nodes[n.name] = n.fingerprints;
+    set_node_certificates(std::move(nodes));
+  }
+  ++counts.applied;
+  LLMGW_LOG(info, who, "reload applied: {}", config::compare_engines(*old, fresh).summary());
+  return std::make_shared<const config::topology>(std::move(fresh));
+}
 
 int run_node(const config::topology& topo_in, const std::string& name, std::size_t threads) {
   auto topo = std::make_shared<const config::topology>(topo_in);
@@ -140,37 +224,40 @@ int run_node(const config::topology& topo_in, const std::string& name, std::size
       }
     }
   }
+  auto reloads = std::make_shared<reload_counts>();
+  auto counted = std::make_shared<agent_counters>();
+  if (gw)
+    gw->add_metrics([reloads, counted](wire::metrics_text& m) {
+      append_reload_metrics(m, *reloads);
+      // both roles: the gateway's /metrics has the agent's counters too
+      if (auto handles = counted->get())
+        append_agent_metrics(m, *handles);
+    });
   if (exit_code == 0 && node->roles.agent) {
     auto cfg_agent = agent_config_of(*topo, *node);
     cfg_agent.identity = identity;
     agent = start_agent(sys, cfg_agent);
     LLMGW_LOG(info, who, "agent: {} engine(s), forwarding to {} control node(s)",
               node->engines.size(), topo->controls().size());
-    // The counters only: no actor handles held by an HTTP thread.
-    agent_handles counted;
-    counted.subscribers = agent.subscribers;
-    counted.forwarders = agent.forwarders;
-    counted.mirror_views = agent.mirror_views;
-    counted.loads = agent.loads;
-    if (gw) { // both roles: the gateway's /metrics has the agent's counters too
-      gw->add_metrics(
-        [handles = counted](wire::metrics_text& m) { append_agent_metrics(m, handles); });
-    } else if (!node->admin_host.empty()) {
+    counted->set(agent);
+    if (!gw && !node->admin_host.empty()) {
       agent_admin = std::make_unique<http_server>(
         node->admin_host, node->admin_port, 1, http_server_limits{},
-        [handles = counted](http_request&& req, const http_responder& respond) {
+        [counted, reloads](http_request&& req, const http_responder& respond) {
+          auto handles = counted->get();
           auto path = req.target.substr(0, req.target.find('?'));
           if (req.method != "GET")
             return respond(error_reply(405, "MethodNotAllowed", req.method + " is not allowed"));
           if (path == "/healthz")
             return respond(json_reply(200, R"({"status":"ok"})"));
           if (path == "/v1/kv/mirrors")
-            return respond(json_reply(200, agent_mirrors_json(handles)));
+            return respond(json_reply(200, agent_mirrors_json(*handles)));
           if (path != "/metrics")
             return respond(error_reply(404, "NotFoundError",
                                        "an agent serves /healthz, /metrics and /v1/kv/mirrors"));
           wire::metrics_text m;
-          append_agent_metrics(m, handles);
+          append_agent_metrics(m, *handles);
+          append_reload_metrics(m, *reloads);
           append_node_port_metrics(m);
           respond(http_reply{200, "text/plain; version=0.0.4", m.str(), {}});
         });
@@ -185,7 +272,25 @@ int run_node(const config::topology& topo_in, const std::string& name, std::size
   if (exit_code == 0) {
     LLMGW_LOG(info, who, "ready");
     int sig = 0;
-    sigwait(&signals, &sig);
+    for (;;) {
+      sigwait(&signals, &sig);
+      if (sig != SIGHUP)
+        break;
+      auto fresh = reload_topology(topo, name, who, *reloads);
+      if (!fresh)
+        continue;
+      if (gw) {
+        reload_control_plane(sys, plane, fresh, name);
+        gw->reload(fresh);
+      }
+      if (node->roles.agent) {
+        auto cfg_agent = agent_config_of(*fresh, *fresh->find_node(name));
+        reload_agent(sys, agent, cfg_agent, fresh->gateway.drain_timeout);
+        counted->set(agent);
+      }
+      topo = fresh;
+      node = topo->find_node(name);
+    }
     LLMGW_LOG(info, who, "{}: shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");
   }
   if (gw && topo->gateway.drain_timeout.count() > 0) {

@@ -9,7 +9,8 @@
 // until every replica with KV events has its KV state at the control nodes,
 // prints the gateway's URL, optionally runs the demo traffic, and then shows
 // a one-line status until Ctrl-C or SIGTERM, when it stops every node (and
-// so every engine) and waits for them. Children get SIGTERM if `llmgw up`
+// so every engine) and waits for them. SIGHUP is passed on to every node,
+// which reads the topology again. Children get SIGTERM if `llmgw up`
 // itself dies. Node logs go to files in the log folder.
 #include "apps/common/stop_signals.hpp"
 #include "apps/llmgw/commands.hpp"
@@ -244,11 +245,29 @@ struct cluster_run {
   bool wait_until(const std::function<bool()>& ready, std::chrono::milliseconds step) {
     while (!ready()) {
       timespec zero{0, 0};
-      if (std::chrono::steady_clock::now() > deadline || sigtimedwait(&signals, nullptr, &zero) > 0)
+      if (std::chrono::steady_clock::now() > deadline)
+        return false;
+      int sig = sigtimedwait(&signals, nullptr, &zero);
+      if (sig == SIGHUP)
+        forward_reload();
+      else if (sig > 0)
         return false;
       std::this_thread::sleep_for(step);
     }
     return true;
+  }
+
+  /// SIGHUP: every running node reads the file again and applies it or
+  /// refuses it (its log says which). Nodes added to the file are not
+  /// started, nor removed ones stopped: that needs a new `llmgw up`.
+  void forward_reload() {
+    std::size_t sent = 0;
+    for (const auto& c : children)
+      if (!c.exited && ::kill(c.pid, SIGHUP) == 0)
+        ++sent;
+    fmt::print("\nllmgw up: SIGHUP: {} node(s) read {} again (their logs say whether they "
+               "applied it; nodes added to or removed from the file need a new llmgw up)\n",
+               sent, config);
   }
 };
 
@@ -371,14 +390,16 @@ std::string status_line(cluster_run& r) {
 }
 
 /// Shows the status line (every second on a terminal, every 30 s in a log)
-/// and says when a node exits, until SIGINT or SIGTERM.
+/// and says when a node exits, until SIGINT or SIGTERM; passes SIGHUP on.
 void serve_until_stopped(cluster_run& r) {
   bool tty = ::isatty(1);
   auto last = std::chrono::steady_clock::now() - 1h;
   for (;;) {
     timespec tick{0, 250000000};
     int sig = sigtimedwait(&r.signals, nullptr, &tick);
-    if (sig > 0) {
+    if (sig == SIGHUP) {
+      r.forward_reload();
+    } else if (sig > 0) {
       fmt::print("\nllmgw up: {}: stopping every node\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
       return;
     }

@@ -15,6 +15,7 @@ struct forwarder_log {
   std::vector<session_ack> acks;
   std::vector<std::string> refusals;
   std::vector<control_proof> proofs;
+  std::vector<std::string> resyncs; ///< replicas asked for again
 };
 
 forwarder_actor::behavior_type fake_forwarder(forwarder_actor::pointer,
@@ -27,6 +28,11 @@ forwarder_actor::behavior_type fake_forwarder(forwarder_actor::pointer,
     [](timeout_atom, std::uint64_t) {},
     [log](const session_ack& ack) { log->acks.push_back(ack); },
     [log](refused_atom, std::uint64_t, const std::string& why) { log->refusals.push_back(why); },
+    [log](resync_atom, std::uint64_t, const std::string& replica) {
+      log->resyncs.push_back(replica);
+    },
+    [](attach_atom, const std::string&, const caf::actor&) {},
+    [](detach_atom, const std::string&) {},
   };
 }
 

@@ -249,6 +249,7 @@ control_actor::behavior_type proving_control(control_actor::pointer self,
       rec->updates.push_back(u);
     },
     [](const load_report&) {},
+    [](const topology_reload&) {},
     [](metrics_atom) { return std::string{}; },
   };
 }
@@ -316,6 +317,7 @@ TEST_F(forwarder_test, a_handshake_that_never_finishes_is_given_up) {
       [](timeout_atom, std::uint64_t) {},
       [](const replica_update&) {},
       [](const load_report&) {},
+      [](const topology_reload&) {},
       [](metrics_atom) { return std::string{}; },
     };
   }));

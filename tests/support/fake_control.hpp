@@ -127,6 +127,7 @@ inline control_actor::behavior_type recording_control(control_actor::pointer sel
       if (ack && *fwd)
         self->send(*fwd, session_ack{r.session, r.seq});
     },
+    [](const topology_reload&) {},
     [](metrics_atom) { return std::string{}; },
   };
 }
