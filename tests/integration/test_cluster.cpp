@@ -166,6 +166,8 @@ std::string test_cluster::write_topology(const std::vector<test_node_spec>& node
       t += fmt::format("fingerprints = [\"{}\"]\n", fmt::join(n.fingerprints, "\", \""));
     for (const auto& e : n.engines) {
       if (e.sim) {
+        if (!sim_ports_.count(e.replica))
+          sim_ports_[e.replica] = free_port();
         auto port = sim_ports_.at(e.replica);
         t += fmt::format("\n[[node.engine]]\nreplica = \"{}\"\nmodel = \"{}\"\n"
                          "url = \"http://127.0.0.1:{}\"\nkv_events = true\ndp_size = {}\n"

@@ -79,7 +79,8 @@ public:
   const std::string& dir() const { return dir_; }
 
   /// Writes another topology file in the same folder (same certificates and
-  /// ports) from a modified description; returns its path.
+  /// ports; a sim engine new to it gets a free port) from a modified
+  /// description; returns its path.
   std::string write_topology(const std::vector<test_node_spec>& nodes,
                              const std::string& file_name) const;
 
@@ -147,8 +148,8 @@ private:
   std::vector<test_node_spec> nodes_;
   std::map<std::string, std::uint16_t> caf_ports_;
   std::map<std::string, std::uint16_t> http_ports_;
-  std::map<std::string, std::uint16_t> admin_ports_; ///< every node has one
-  std::map<std::string, std::uint16_t> sim_ports_;   ///< by replica, of sim engines
+  std::map<std::string, std::uint16_t> admin_ports_;       ///< every node has one
+  mutable std::map<std::string, std::uint16_t> sim_ports_; ///< by replica, of sim engines
   std::map<std::string, std::unique_ptr<child_process>> running_;
   std::map<std::string, std::string> logs_;
   http_client http_;

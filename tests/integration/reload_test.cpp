@@ -1,0 +1,229 @@
+// SIGHUP: a node reads its topology again while traffic flows. An engine
+// removed from the file leaves every index while the requests already sent
+// to it finish; one added is forwarded and routed on its KV state; the
+// engine left alone keeps its state (no new session, no drop); a file with
+// problems is refused, counted, and changes nothing.
+#include "tests/integration/test_cluster.hpp"
+
+#include <boost/json.hpp>
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <fstream>
+#include <future>
+#include <sstream>
+
+using namespace llmgw;
+using namespace std::chrono_literals;
+namespace json = boost::json;
+
+namespace {
+
+/// One streamed completion: who served it and what came back.
+struct stream_outcome {
+  int status = 0;
+  std::string replica;
+  std::string body;
+  bool complete = false;
+};
+
+class reload : public ::testing::Test {
+protected:
+  reload()
+    : nodes(
+      {{"control-1", true, false, "127.0.0.1", {}},
+       {"agent-a", false, true, "127.0.0.1", {test::sim_engine("s0"), test::sim_engine("s1")}}}),
+      c(nodes) {}
+
+  void SetUp() override {
+    c.start("control-1");
+    c.start("agent-a");
+    ASSERT_TRUE(c.wait_ready("control-1", 20s)) << c.log_of("control-1");
+    ASSERT_TRUE(c.eventually([&] { return in_step({"s0", "s1"}); }, 30s)) << c.log_of("agent-a");
+  }
+
+  /// The control node's entry of `replica` (rank 0), or null.
+  const json::object* rank0(const json::value& view, const std::string& replica) {
+    if (!view.is_object())
+      return nullptr;
+    for (const auto& r : view.at("replicas").as_array())
+      if (r.at("replica").as_string() == replica.c_str()) {
+        const auto& ranks = r.at("ranks").as_array();
+        return ranks.empty() ? nullptr : &ranks[0].as_object();
+      }
+    return nullptr;
+  }
+
+  bool listed(const std::string& replica) {
+    auto view = c.replicas("control-1");
+    if (!view.is_object())
+      return true;
+    for (const auto& r : view.at("replicas").as_array())
+      if (r.at("replica").as_string() == replica.c_str())
+        return true;
+    return false;
+  }
+
+  /// The agent's mirror of each replica, by fingerprint.
+  std::map<std::string, std::string> mirrors() {
+    std::map<std::string, std::string> out;
+    auto m = c.mirrors("agent-a");
+    if (m.is_object())
+      for (const auto& x : m.at("mirrors").as_array())
+        out[json::value_to<std::string>(x.at("replica"))] =
+          json::value_to<std::string>(x.at("fingerprint"));
+    return out;
+  }
+
+  /// Every replica of `replicas` has state at the control node equal to
+  /// the agent's mirror.
+  bool in_step(const std::vector<std::string>& replicas) {
+    auto mirror = mirrors();
+    auto view = c.replicas("control-1");
+    for (const auto& r : replicas) {
+      const auto* x = rank0(view, r);
+      if (!x || !x->at("has_state").as_bool() || !mirror.count(r)
+          || x->at("fingerprint").as_string() != mirror[r].c_str())
+        return false;
+    }
+    return true;
+  }
+
+  /// A completion streamed through the gateway, long enough to be in
+  /// flight across a reload.
+  std::future<stream_outcome> stream(int n) {
+    auto done = std::make_shared<std::promise<stream_outcome>>();
+    auto out = std::make_shared<stream_outcome>();
+    http_call_handlers h;
+    h.on_head = [out](int status, const std::vector<std::pair<std::string, std::string>>& hs) {
+      out->status = status;
+      for (const auto& [k, v] : hs)
+        if (k == "x-llmgw-replica")
+          out->replica = v;
+    };
+    h.on_data = [out](const std::string& data) { out->body += data; };
+    h.on_done = [out, done](const http_error& e) {
+      out->complete = e.ok();
+      done->set_value(*out);
+    };
+    json::object body{{"model", "m"},
+                      {"prompt", std::to_string(n) + ": a story"},
+                      {"max_tokens", 400},
+                      {"ignore_eos", true},
+                      {"stream", true}};
+    http.call("POST", c.gateway_url("control-1"), "/v1/completions", json::serialize(body), {}, 2s,
+              60s, std::move(h));
+    return done->get_future();
+  }
+
+  double metric(const std::string& node, const std::string& sample) {
+    auto r = c.admin_get(node, "/metrics");
+    std::istringstream in(r.body);
+    std::string line;
+    while (std::getline(in, line))
+      if (line.rfind(sample + " ", 0) == 0)
+        return std::stod(line.substr(sample.size() + 1));
+    return -1;
+  }
+
+  std::vector<test::test_node_spec> nodes;
+  test::test_cluster c;
+  http_client http;
+};
+
+} // namespace
+
+TEST_F(reload, engines_come_and_go_while_the_others_keep_their_state) {
+  auto sessions = metric("control-1", "llmgw_agent_sessions_total");
+  ASSERT_GE(sessions, 1);
+  // Streams in flight on both engines when the file changes.
+  std::vector<std::future<stream_outcome>> streams;
+  auto both_busy = [&] {
+    auto v = c.replicas("control-1");
+    std::size_t busy = 0;
+    for (const auto& r : v.at("replicas").as_array())
+      busy += r.at("outstanding").as_int64() > 0;
+    return busy == 2;
+  };
+  // The router spreads load, but may put a few on one engine first.
+  for (int i = 0; i < 16 && !both_busy(); ++i) {
+    streams.push_back(stream(i));
+    c.eventually([&] { return both_busy(); }, 200ms);
+  }
+  ASSERT_TRUE(both_busy()) << "both engines are serving";
+
+  // s1 leaves, s2 arrives; s0 stays as it was.
+  auto changed = nodes;
+  changed[1].engines = {test::sim_engine("s0"), test::sim_engine("s2")};
+  c.write_topology(changed, "cluster.toml");
+  ASSERT_EQ(c.topology_path(), c.dir() + "/cluster.toml");
+  c.signal("control-1", SIGHUP);
+  c.signal("agent-a", SIGHUP);
+
+  EXPECT_TRUE(c.eventually([&] { return !listed("s1"); }, 10s)) << c.log_of("control-1");
+  EXPECT_TRUE(c.eventually(
+    [&] {
+      return in_step({"s0", "s2"});
+    },
+    30s))
+    << "the added engine's state reaches the control node\n"
+    << c.log_of("agent-a");
+  EXPECT_EQ(mirrors().count("s1"), 0u) << "the agent stopped its mirror";
+  EXPECT_EQ(metric("control-1", "llmgw_agent_sessions_total"), sessions)
+    << "no new session: s0's state was never dropped";
+  EXPECT_EQ(metric("control-1", "llmgw_topology_reloads_total{outcome=\"applied\"}"), 1);
+  EXPECT_EQ(metric("agent-a", "llmgw_topology_reloads_total{outcome=\"applied\"}"), 1);
+
+  std::set<std::string> served;
+  for (auto& f : streams) {
+    ASSERT_EQ(f.wait_for(60s), std::future_status::ready);
+    auto o = f.get();
+    served.insert(o.replica);
+    EXPECT_EQ(o.status, 200);
+    EXPECT_TRUE(o.complete);
+    EXPECT_NE(o.body.find("data: [DONE]"), std::string::npos)
+      << o.replica << " did not finish its stream: " << o.body.substr(0, 300);
+  }
+  EXPECT_TRUE(served.count("s1")) << "a stream was in flight on the removed engine";
+
+  // New requests go to the engines in force, and the new one is routed on
+  // its KV state.
+  for (int i = 0; i < 8; ++i) {
+    json::object body{{"model", "m"}, {"prompt", "again " + std::to_string(i)}, {"max_tokens", 2}};
+    auto r = c.post("control-1", "/v1/completions", json::serialize(body));
+    EXPECT_EQ(r.status, 200) << r.body;
+  }
+}
+
+TEST_F(reload, a_file_with_problems_is_refused_and_the_topology_in_force_stays) {
+  {
+    std::ofstream out(c.topology_path(), std::ios::app);
+    out << "\n[[node]]\nname = \"agent-a\"\nroles = [\"agent\"]\n"; // a second agent-a
+  }
+  c.signal("control-1", SIGHUP);
+  EXPECT_TRUE(c.eventually(
+    [&] { return metric("control-1", "llmgw_topology_reloads_total{outcome=\"refused\"}") == 1; },
+    10s));
+  auto log = c.log_of("control-1");
+  EXPECT_NE(log.find("reload refused"), std::string::npos) << log;
+  EXPECT_NE(log.find("cluster.toml:"), std::string::npos)
+    << "the problem is named with its line, as llmgw check names it\n"
+    << log;
+  EXPECT_TRUE(in_step({"s0", "s1"})) << "nothing changed";
+  json::object body{{"model", "m"}, {"prompt", "still here"}, {"max_tokens", 2}};
+  EXPECT_EQ(c.post("control-1", "/v1/completions", json::serialize(body)).status, 200);
+}
+
+TEST_F(reload, a_change_that_needs_a_restart_is_refused_whole) {
+  auto changed = nodes;
+  changed[1].engines = {test::sim_engine("s0")}; // would be live...
+  c.write_topology(changed, "cluster.toml");
+  std::ofstream(c.topology_path(), std::ios::app)
+    << "\n[gateway]\nmax_attempts = 7\n"; // ...this not
+  c.signal("control-1", SIGHUP);
+  EXPECT_TRUE(c.eventually(
+    [&] { return metric("control-1", "llmgw_topology_reloads_total{outcome=\"refused\"}") == 1; },
+    10s));
+  EXPECT_NE(c.log_of("control-1").find("[gateway] differs"), std::string::npos);
+  EXPECT_TRUE(listed("s1")) << "the removal did not take effect either";
+}
