@@ -375,11 +375,12 @@ void reload_agent(caf::actor_system& sys, agent_handles& h, const agent_config& 
   const std::string who = "agent " + h.config.node;
   // The forwarders take attach and detach only from an actor of this node.
   caf::scoped_actor self{sys};
-  auto in = [](const auto& list, const std::string& name, auto same) {
+  auto in = [](auto& list, const std::string& name, auto same) {
     return std::find_if(list.begin(), list.end(), [&](const auto& x) { return same(x, name); });
   };
   // Engines removed or changed: out of every forwarder, then stopped.
   std::vector<agent_engine> kept;
+  std::vector<caf::actor> stopping; ///< waited for: their ports and sockets are free after
   for (auto& e : h.engines) {
     auto now =
       in(fresh.engines, e.spec.replica,
@@ -390,8 +391,10 @@ void reload_agent(caf::actor_system& sys, agent_handles& h, const agent_config& 
     }
     for (const auto& f : h.forwarder_actors)
       self->send(caf::actor_cast<forwarder_actor>(f.actor), detach_atom::value, e.spec.replica);
-    for (const auto& a : e.actors)
+    for (const auto& a : e.actors) {
       caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+      stopping.push_back(a);
+    }
     if (e.supervisor && now == fresh.engines.end() && retire_after.count() > 0) {
       // Removed: the gateways stop sending to it as they reload; what they
       // sent before may finish.
@@ -403,8 +406,13 @@ void reload_agent(caf::actor_system& sys, agent_handles& h, const agent_config& 
       h.retiring.push_back(e.supervisor);
     } else if (e.supervisor) {
       caf::anon_send_exit(e.supervisor, caf::exit_reason::user_shutdown);
+      stopping.push_back(e.supervisor); // a changed engine's process holds its ports
     }
   }
+  // A changed engine binds the same events port and its engine the same
+  // HTTP port: the old subscribers (one poll, at most) and the old engine
+  // process (SIGTERM, SIGKILL after 5 s) must be gone first.
+  self->wait_for(stopping);
   // Engines added or changed: started, and forwarded from their full copy.
   std::vector<agent_engine> engines;
   for (const auto& spec : fresh.engines) {
@@ -432,10 +440,14 @@ void reload_agent(caf::actor_system& sys, agent_handles& h, const agent_config& 
   for (auto& f : h.forwarder_actors) {
     auto now = in(fresh.controls, f.control.name,
                   [](const agent_control_config& x, const std::string& n) { return x.name == n; });
-    if (now != fresh.controls.end() && same_control(*now, f.control))
+    if (now != fresh.controls.end() && same_control(*now, f.control)) {
       forwarders.push_back(std::move(f));
-    else
-      caf::anon_send_exit(f.actor, caf::exit_reason::user_shutdown);
+      continue;
+    }
+    caf::anon_send_exit(f.actor, caf::exit_reason::user_shutdown);
+    // The mirrors stop keeping its changes (a new forwarder subscribes anew).
+    for (const auto& m : h.mirrors)
+      self->send(m.mirror, unsub_atom::value, forwarder_peer(f.control.name));
   }
   for (const auto& c : fresh.controls)
     if (std::none_of(forwarders.begin(), forwarders.end(),

@@ -274,6 +274,8 @@ void check_address(self_ptr self, std::uint64_t session) {
 /// earlier updates for it were refused or belong to its old entry.
 void reload(self_ptr self, const topology_reload& r) {
   auto& st = self->state;
+  // The router follows after the updates this actor passed on until now.
+  self->send(st.router, r);
   auto old = st.opts.topo;
   st.opts.topo = r.topo;
   st.opts.agent_addresses = r.agent_addresses;

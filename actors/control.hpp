@@ -30,6 +30,9 @@
 //   or a value out of range; while the session is being checked, reports
 //   are dropped (the next one comes within a second), and acknowledged
 //   with the pending updates once the session is accepted.
+// - A reload (topology_reload, from this node only) ends the sessions of
+//   nodes that are no longer agents and asks a session again for the full
+//   copy of each replica of its node that was added or changed.
 #pragma once
 
 #include "actors/interfaces.hpp"

@@ -96,9 +96,10 @@ caf::expected<std::uint16_t> publish_control(caf::actor_system& sys, const contr
 }
 
 void reload_control_plane(caf::actor_system& sys, const control_plane& plane,
-                          std::shared_ptr<const config::topology> fresh, const std::string& name) {
-  plane.shared_router->apply_topology(*fresh);
-  // The actors take a reload only from an actor of this node.
+                          const std::shared_ptr<const config::topology>& fresh,
+                          const std::string& name) {
+  // The actors take a reload only from an actor of this node; the control
+  // actor passes it on to the router.
   caf::scoped_actor self{sys};
   self->send(plane.control, topology_reload{fresh, agent_addresses_of(*fresh, name)});
   self->send(plane.tokenizer, topology_reload{fresh, {}});

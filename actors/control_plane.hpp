@@ -70,10 +70,12 @@ caf::expected<std::uint16_t> publish_control(caf::actor_system& sys, const contr
 std::map<std::string, std::set<std::string>> agent_addresses_of(const config::topology& topo,
                                                                 const std::string& name);
 
-/// Puts a reloaded topology in force on control node `name`'s router (its
-/// replicas: config/topology_change.hpp), control actor and tokenizer.
+/// Puts a reloaded topology in force on control node `name`'s control
+/// actor (which passes it on to the router, after the updates it checked
+/// against the old one: config/topology_change.hpp) and tokenizer.
 void reload_control_plane(caf::actor_system& sys, const control_plane& plane,
-                          std::shared_ptr<const config::topology> fresh, const std::string& name);
+                          const std::shared_ptr<const config::topology>& fresh,
+                          const std::string& name);
 
 /// Tells those actors to stop (a default-constructed plane is nothing to stop).
 void stop_control_plane(const control_plane& plane);

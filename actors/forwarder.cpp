@@ -6,6 +6,7 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include <algorithm>
 #include <cstring>
 
 namespace llmgw {
@@ -88,15 +89,22 @@ void send_loads(self_ptr self) {
   self->send(st.control, std::move(r));
 }
 
+/// Whether `mirror` is still forwarded: a reply of one detached since
+/// (its engine was removed or replaced) must not reach the control node.
+bool attached(const forwarder_state& st, const mirror_actor& mirror) {
+  return std::any_of(st.mirrors.begin(), st.mirrors.end(),
+                     [&](const mirror_entry& m) { return m.mirror == mirror; });
+}
+
 /// Asks `m` for its full state and sends it in the current session (the
 /// mirror tracks this forwarder's changes from then on).
 void send_full_copy(self_ptr self, const mirror_entry& m) {
   auto session = self->state.window.session();
   self->request(m.mirror, caf::infinite, subscribe_atom::value, self->state.peer)
     .then(
-      [self, session](replica_update& u) {
+      [self, session, mirror = m.mirror](replica_update& u) {
         if (self->state.control && self->state.window.session() == session
-            && !self->state.key.empty())
+            && !self->state.key.empty() && attached(self->state, mirror))
           send_update(self, std::move(u));
       },
       [](const caf::error&) {}); // the mirror is gone (a reload removed it)
@@ -239,12 +247,16 @@ void on_proof(self_ptr self, const control_proof& proof) {
 
 } // namespace
 
+std::uint64_t forwarder_peer(const std::string& control) {
+  return std::hash<std::string>{}(control) | 1; // stable per control node
+}
+
 forwarder_actor::behavior_type forwarder(forwarder_actor::stateful_pointer<forwarder_state> self,
                                          forwarder_options opts, std::vector<mirror_entry> mirrors,
                                          connect_function connect) {
   auto& st = self->state;
   st.window = kv::session_window(opts.window);
-  st.peer = std::hash<std::string>{}(opts.control) | 1; // stable per control node
+  st.peer = forwarder_peer(opts.control);
   st.counts = opts.counters ? opts.counters : std::make_shared<forwarder_counters>();
   st.opts = std::move(opts);
   st.mirrors = std::move(mirrors);
@@ -300,8 +312,9 @@ forwarder_actor::behavior_type forwarder(forwarder_actor::stateful_pointer<forwa
       for (const auto& m : st.mirrors)
         self->request(m.mirror, caf::infinite, drain_atom::value, st.peer)
           .then(
-            [self, session](replica_update& u) {
-              if (!self->state.control || self->state.window.session() != session || is_empty(u))
+            [self, session, mirror = m.mirror](replica_update& u) {
+              if (!self->state.control || self->state.window.session() != session || is_empty(u)
+                  || !attached(self->state, mirror))
                 return;
               send_update(self, std::move(u));
             },

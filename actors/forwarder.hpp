@@ -10,7 +10,9 @@
 // unacknowledged updates (kv::session_window) keeps a slow or gone control node from growing
 // memory: while it is full, the mirrors are simply not drained. When the
 // control node goes down, the forwarder asks for a new connection with
-// exponential backoff.
+// exponential backoff. A reload of the topology attaches and detaches
+// mirrors (from this node only) and may have the control node ask for one
+// replica's full copy again in the current session (resync).
 #pragma once
 
 #include "actors/interfaces.hpp"
@@ -98,6 +100,10 @@ struct forwarder_state {
   std::chrono::steady_clock::time_point loads_sent_at{};
   static inline const char* name = "forwarder";
 };
+
+/// The subscriber id a forwarder to `control` has at every mirror (stable
+/// per control node, so a restarted forwarder takes its place).
+std::uint64_t forwarder_peer(const std::string& control);
 
 forwarder_actor::behavior_type forwarder(forwarder_actor::stateful_pointer<forwarder_state> self,
                                          forwarder_options opts, std::vector<mirror_entry> mirrors,

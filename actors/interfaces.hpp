@@ -115,7 +115,10 @@ using router_actor = caf::typed_actor<
   // Decisions are not asked of the router: the node's gateways decide on
   // their own threads against the shared routing::shared_router, and read
   // its metrics and /v1/kv/replicas from it.
-  caf::reacts_to<drop_atom, std::string, routing::drop_reason>>;
+  caf::reacts_to<drop_atom, std::string, routing::drop_reason>,
+  // A reload, passed on by the control actor (so the updates it checked
+  // against the old topology are applied before): the replicas in force.
+  caf::reacts_to<topology_reload>>;
 
 /// Tokenizes prompts through the engines' /tokenize, with a cache.
 using tokenizer_actor = caf::typed_actor<

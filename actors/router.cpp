@@ -1,6 +1,7 @@
 #include "actors/router.hpp"
 
 #include "base/log.hpp"
+#include "config/topology.hpp"
 
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
@@ -78,6 +79,12 @@ router_actor::behavior_type router(router_actor::stateful_pointer<router_state> 
         if (had)
           ++stats.drops[{replica, reason}];
       });
+    },
+    [self, &lr](const topology_reload& r) {
+      auto sender = self->current_sender();
+      if (!sender || sender->node() != self->node() || !r.topo)
+        return;
+      lr.apply_topology(*r.topo);
     },
   };
 }

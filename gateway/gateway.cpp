@@ -56,7 +56,7 @@ std::string models_json_of(const config::topology& topo) {
 
 } // namespace
 
-gateway::gateway(caf::actor_system& sys, std::shared_ptr<const config::topology> topo,
+gateway::gateway(caf::actor_system& sys, const std::shared_ptr<const config::topology>& topo,
                  const std::string& host, std::uint16_t port, control_plane plane,
                  const std::string& admin_host, std::uint16_t admin_port)
   : sys_(sys), topo_(topo), plane_(std::move(plane)) {

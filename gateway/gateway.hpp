@@ -58,7 +58,7 @@ public:
   /// Listens on the control node's http address (port 0: any), and on its
   /// admin address when `admin_host` is not empty. On failure, error() says
   /// why and port() is 0.
-  gateway(caf::actor_system& sys, std::shared_ptr<const config::topology> topo,
+  gateway(caf::actor_system& sys, const std::shared_ptr<const config::topology>& topo,
           const std::string& host, std::uint16_t port, control_plane plane,
           const std::string& admin_host = {}, std::uint16_t admin_port = 0);
   ~gateway();

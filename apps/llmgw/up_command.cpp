@@ -232,6 +232,7 @@ struct cluster_run {
   std::size_t with_events = 0;          ///< engines with KV events
   int ready_timeout_s = 60;
   std::chrono::steady_clock::time_point deadline; ///< of every wait until the cluster is up
+  bool reload_pending = false;                    ///< a SIGHUP came while nodes were starting
   http_client http;
 
   void launch(const config::node_spec& n) {
@@ -249,7 +250,7 @@ struct cluster_run {
         return false;
       int sig = sigtimedwait(&signals, nullptr, &zero);
       if (sig == SIGHUP)
-        forward_reload();
+        reload_pending = true; // a node still starting would die of it: passed on once up
       else if (sig > 0)
         return false;
       std::this_thread::sleep_for(step);
@@ -394,6 +395,8 @@ std::string status_line(cluster_run& r) {
 void serve_until_stopped(cluster_run& r) {
   bool tty = ::isatty(1);
   auto last = std::chrono::steady_clock::now() - 1h;
+  if (r.reload_pending)
+    r.forward_reload();
   for (;;) {
     timespec tick{0, 250000000};
     int sig = sigtimedwait(&r.signals, nullptr, &tick);

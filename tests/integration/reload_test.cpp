@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <cstdio>
 #include <fstream>
 #include <future>
 #include <sstream>
@@ -157,10 +158,16 @@ TEST_F(reload, engines_come_and_go_while_the_others_keep_their_state) {
   changed[1].engines = {test::sim_engine("s0"), test::sim_engine("s2")};
   c.write_topology(changed, "cluster.toml");
   ASSERT_EQ(c.topology_path(), c.dir() + "/cluster.toml");
+  auto hup = std::chrono::steady_clock::now();
   c.signal("control-1", SIGHUP);
   c.signal("agent-a", SIGHUP);
+  auto ms_since_hup = [&] {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - hup)
+      .count();
+  };
 
   EXPECT_TRUE(c.eventually([&] { return !listed("s1"); }, 10s)) << c.log_of("control-1");
+  auto removed_ms = ms_since_hup();
   EXPECT_TRUE(c.eventually(
     [&] {
       return in_step({"s0", "s2"});
@@ -168,6 +175,7 @@ TEST_F(reload, engines_come_and_go_while_the_others_keep_their_state) {
     30s))
     << "the added engine's state reaches the control node\n"
     << c.log_of("agent-a");
+  auto added_ms = ms_since_hup();
   EXPECT_EQ(mirrors().count("s1"), 0u) << "the agent stopped its mirror";
   EXPECT_EQ(metric("control-1", "llmgw_agent_sessions_total"), sessions)
     << "no new session: s0's state was never dropped";
@@ -185,6 +193,9 @@ TEST_F(reload, engines_come_and_go_while_the_others_keep_their_state) {
       << o.replica << " did not finish its stream: " << o.body.substr(0, 300);
   }
   EXPECT_TRUE(served.count("s1")) << "a stream was in flight on the removed engine";
+  std::printf("[reload] s1 out of the index %.0f ms after SIGHUP, s2 (a new engine, launched) "
+              "in step %.0f ms after; %zu streams in flight, all finished\n",
+              removed_ms, added_ms, streams.size());
 
   // New requests go to the engines in force, and the new one is routed on
   // its KV state.
@@ -226,4 +237,34 @@ TEST_F(reload, a_change_that_needs_a_restart_is_refused_whole) {
     10s));
   EXPECT_NE(c.log_of("control-1").find("[gateway] differs"), std::string::npos);
   EXPECT_TRUE(listed("s1")) << "the removal did not take effect either";
+}
+
+TEST_F(reload, a_changed_engine_restarts_on_its_ports_and_the_unchanged_one_keeps_its_state) {
+  auto sessions = metric("control-1", "llmgw_agent_sessions_total");
+  auto s1_pid = c.sim_pid("s1");
+  ASSERT_GT(s1_pid, 0);
+  auto changed = nodes;
+  changed[1].engines[1].model = "m2"; // the same port, another model: a new engine
+  c.write_topology(changed, "cluster.toml");
+  c.signal("control-1", SIGHUP);
+  c.signal("agent-a", SIGHUP);
+  // The old engine had to stop first: the new one binds the same HTTP port.
+  EXPECT_TRUE(c.eventually(
+    [&] {
+      auto pid = c.sim_pid("s1");
+      return pid > 0 && pid != s1_pid;
+    },
+    20s))
+    << c.log_of("agent-a");
+  EXPECT_TRUE(c.eventually(
+    [&] {
+      json::object body{{"model", "m2"}, {"prompt", "for the new model"}, {"max_tokens", 2}};
+      return c.post("control-1", "/v1/completions", json::serialize(body)).status == 200;
+    },
+    20s))
+    << c.log_of("agent-a");
+  EXPECT_TRUE(c.eventually([&] { return in_step({"s0", "s1"}); }, 20s)) << c.log_of("agent-a");
+  EXPECT_EQ(metric("control-1", "llmgw_agent_sessions_total"), sessions);
+  json::object old_model{{"model", "m"}, {"prompt", "still served by s0"}, {"max_tokens", 2}};
+  EXPECT_EQ(c.post("control-1", "/v1/completions", json::serialize(old_model)).status, 200);
 }
