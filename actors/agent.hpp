@@ -88,9 +88,15 @@ struct agent_handles {
   std::vector<agent_engine> engines;
   std::vector<agent_forwarder> forwarder_actors;
   caf::actor scraper; ///< invalid when no engine has a url
-  /// Launched engines a reload removed: stopped once the gateways' requests
-  /// in flight there could finish (or by stop_agent, if sooner).
-  std::vector<caf::actor> retiring;
+  /// Supervisors of launched engines a reload removed. Each stops its engine
+  /// once the gateways' requests in flight there could finish (or when
+  /// stop_agent stops it, if sooner), and ends by `gone_by`; a later reload
+  /// forgets it then.
+  struct retiring_engine {
+    caf::actor supervisor;
+    std::chrono::steady_clock::time_point gone_by;
+  };
+  std::vector<retiring_engine> retiring;
   std::size_t next_engine_id = 0; ///< names the next engine's sockets
   // The same, flat, as the node's metrics and tests read them:
   std::vector<caf::actor> actors;            ///< everything spawned, stopped by stop_agent
@@ -139,7 +145,8 @@ void append_agent_metrics(wire::metrics_text& m, const agent_handles& handles);
 /// What every mirror holds, as JSON: replica, dp_rank, blocks, epoch,
 /// fingerprint (16 hex digits, as a control node's /v1/kv/replicas prints
 /// it), partial, parity. Served at /v1/kv/mirrors on an agent-only node's
-/// admin listener (not yet on a node with both roles). A control node that
+/// admin listener, and on a node with both roles where its gateway serves
+/// /metrics. A control node that
 /// applied every update has the same fingerprint for the replica; block
 /// counts may differ by the blocks it dropped on answers (suppressed).
 std::string agent_mirrors_json(const agent_handles& handles);

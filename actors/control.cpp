@@ -243,6 +243,16 @@ void check_address(self_ptr self, std::uint64_t session) {
   auto allowed = st.opts.agent_addresses.find(a.node);
   if (allowed == st.opts.agent_addresses.end() || allowed->second.empty())
     return accept(self, session);
+  if (a.forwarder.node() == self->node()) {
+    // A forwarder of this very process (a node with both roles): there is no
+    // connection to look up. CAF closes connections from peers that claim
+    // this node's id, and the name was proven, so only this node gets here.
+    if (a.node == st.opts.node)
+      return accept(self, session);
+    return refuse_attempt(self, session, "address",
+                          "a forwarder of this process speaks for node '" + a.node
+                            + "', but this process is node '" + st.opts.node + "'");
+  }
   // Where does this connection come from? Ask the middleman, then decide.
   auto mm = self->system().middleman().actor_handle();
   self->request(mm, std::chrono::seconds(10), caf::get_atom::value, a.forwarder.node())

@@ -100,10 +100,15 @@ gateway::gateway(caf::actor_system& sys, const std::shared_ptr<const config::top
   admin_ = std::make_unique<http_server>(
     admin_host, admin_port, 1, admin_limits, [this](http_request&& req, http_responder respond) {
       auto path = req.target.substr(0, req.target.find('?'));
-      if (!handle_admin(path, req, respond))
-        respond(error_reply(404, "NotFoundError",
-                            "the admin listener serves /healthz, /readyz, /metrics and "
-                            "/v1/kv/replicas"));
+      if (!handle_admin(path, req, respond)) {
+        std::string served = "/healthz, /readyz, /metrics, /v1/kv/replicas";
+        {
+          std::lock_guard<std::mutex> g(extra_mtx_);
+          for (const auto& [p, f] : extra_json_)
+            served += ", " + p;
+        }
+        respond(error_reply(404, "NotFoundError", "the admin listener serves " + served));
+      }
     });
   if (!admin_->error().empty())
     error_ = "admin listener: " + admin_->error();
@@ -131,6 +136,11 @@ std::string gateway::models_json() const {
 void gateway::add_metrics(std::function<void(wire::metrics_text&)> f) {
   std::lock_guard<std::mutex> g(extra_mtx_);
   extra_metrics_ = std::move(f);
+}
+
+void gateway::add_json(std::string path, std::function<std::string()> f) {
+  std::lock_guard<std::mutex> g(extra_mtx_);
+  extra_json_[std::move(path)] = std::move(f);
 }
 
 void gateway::stop() {
@@ -230,7 +240,17 @@ bool gateway::handle_admin(const std::string& path, const http_request& req,
       respond(json_reply(200, plane_.shared_router->kv_replicas_json()));
     return true;
   }
-  return false;
+  std::function<std::string()> extra;
+  {
+    std::lock_guard<std::mutex> g(extra_mtx_);
+    auto it = extra_json_.find(path);
+    if (it == extra_json_.end())
+      return false;
+    extra = it->second;
+  }
+  if (method_is(req, path, "GET", respond))
+    respond(json_reply(200, extra()));
+  return true;
 }
 
 std::string gateway::local_metrics() {

@@ -38,6 +38,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -87,6 +88,10 @@ public:
   /// both roles).
   void add_metrics(std::function<void(wire::metrics_text&)> f);
 
+  /// Serves GET `path` with the JSON `f` returns, wherever /metrics is
+  /// served (an agent's /v1/kv/mirrors on a node with both roles).
+  void add_json(std::string path, std::function<std::string()> f);
+
 private:
   void handle(http_request&& req, http_responder respond);
   /// The endpoints both listeners serve; false if `path` is none of them.
@@ -116,6 +121,7 @@ private:
   std::atomic<bool> draining_{false};
   std::mutex extra_mtx_;
   std::function<void(wire::metrics_text&)> extra_metrics_;
+  std::map<std::string, std::function<std::string()>> extra_json_; ///< guarded by extra_mtx_
 };
 
 } // namespace llmgw

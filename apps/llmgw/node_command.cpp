@@ -240,6 +240,11 @@ int run_node(const config::topology& topo_in, const std::string& name, std::size
     LLMGW_LOG(info, who, "agent: {} engine(s), forwarding to {} control node(s)",
               node->engines.size(), topo->controls().size());
     counted->set(agent);
+    if (gw) // both roles: the agent's mirrors beside the control node's view
+      gw->add_json("/v1/kv/mirrors", [counted] {
+        auto handles = counted->get();
+        return handles ? agent_mirrors_json(*handles) : std::string(R"({"mirrors":[]})");
+      });
     if (!gw && !node->admin_host.empty()) {
       agent_admin = std::make_unique<http_server>(
         node->admin_host, node->admin_port, 1, http_server_limits{},

@@ -298,6 +298,29 @@ TEST(cluster, an_agent_shows_its_sessions_and_what_it_refused_on_its_admin_liste
   EXPECT_EQ(c.admin_get("agent-a", "/v1/kv/replicas").status, 404) << "an agent has no index";
 }
 
+TEST(cluster, a_node_with_both_roles_shows_its_mirrors_beside_its_index) {
+  test_cluster c({{"solo", true, true, "127.0.0.1", {{"s0", "S1_basic.map.int.json"}}}});
+  c.start("solo");
+  ASSERT_TRUE(c.wait_ready("solo", 10s)) << c.log_of("solo");
+  ASSERT_TRUE(test_cluster::eventually(
+    [&] { return holds(c, "solo", "s0", "S1_basic.map.int.json"); }, 10s * slow_factor))
+    << json::serialize(c.replicas("solo"));
+  auto mirrors = c.mirrors("solo");
+  ASSERT_TRUE(mirrors.is_object()) << c.admin_get("solo", "/v1/kv/mirrors").body;
+  const auto& list = mirrors.at("mirrors").as_array();
+  ASSERT_EQ(list.size(), 1u) << json::serialize(mirrors);
+  EXPECT_EQ(list[0].at("replica"), "s0");
+  EXPECT_EQ(list[0].at("fingerprint"), rank0(c.replicas("solo"), "s0")->at("fingerprint"))
+    << "the node's own mirror equals its own index";
+  auto text = c.admin_get("solo", "/metrics").body;
+  EXPECT_NE(text.find("llmgw_agent_flushes_skipped_total{control=\"solo\"} "), std::string::npos)
+    << text;
+  EXPECT_EQ(c.admin_get("solo", "/v1/kv/mirrors?x=1").status, 200);
+  auto wrong = c.admin_get("solo", "/v1/kv/nothing");
+  EXPECT_EQ(wrong.status, 404);
+  EXPECT_NE(wrong.body.find("/v1/kv/mirrors"), std::string::npos) << wrong.body;
+}
+
 TEST(cluster, a_node_holding_another_nodes_certificate_cannot_take_its_place) {
   test_cluster c(one_control_two_agents());
   start_control_and_agents(c);
