@@ -33,6 +33,10 @@ namespace llmgw {
 
 namespace {
 
+/// How long a retired supervisor may take, after its deadline, to stop its
+/// engine (SIGTERM, then SIGKILL after the grace period) and end.
+const auto engine_stop_allowance = engine_supervisor_options{}.stop_grace + std::chrono::seconds(1);
+
 /// Binds every rank's subscriber on consecutive ports (vLLM adds the rank to
 /// the port). With base 0, tries a few kernel-chosen bases.
 std::vector<opened_subscriber> bind_ranks(const agent_engine_config& e, std::string& error) {
@@ -340,7 +344,8 @@ void flatten(agent_handles& h) {
     h.actors.push_back(f.actor);
     h.forwarders.emplace_back(f.control.name, f.counters);
   }
-  h.actors.insert(h.actors.end(), h.retiring.begin(), h.retiring.end());
+  for (const auto& r : h.retiring)
+    h.actors.push_back(r.supervisor);
 }
 
 bool same_control(const agent_control_config& a, const agent_control_config& b) {
@@ -378,6 +383,11 @@ void reload_agent(caf::actor_system& sys, agent_handles& h, const agent_config& 
   auto in = [](auto& list, const std::string& name, auto same) {
     return std::find_if(list.begin(), list.end(), [&](const auto& x) { return same(x, name); });
   };
+  // Supervisors retired by an earlier reload that have ended by now.
+  auto now = std::chrono::steady_clock::now();
+  h.retiring.erase(std::remove_if(h.retiring.begin(), h.retiring.end(),
+                                  [&](const auto& r) { return r.gone_by <= now; }),
+                   h.retiring.end());
   // Engines removed or changed: out of every forwarder, then stopped.
   std::vector<agent_engine> kept;
   std::vector<caf::actor> stopping; ///< waited for: their ports and sockets are free after
@@ -401,9 +411,12 @@ void reload_agent(caf::actor_system& sys, agent_handles& h, const agent_config& 
       LLMGW_LOG(info, who + " engine " + e.spec.replica,
                 "removed: its KV state is dropped now, the engine stops in {} ms",
                 retire_after.count());
-      caf::delayed_anon_send(e.supervisor, retire_after,
-                             caf::exit_msg{caf::actor_addr{}, caf::exit_reason::user_shutdown});
-      h.retiring.push_back(e.supervisor);
+      // Retired, not stopped: it must not restart the engine should it exit
+      // before (a supervisor that ends early stops nothing still needed).
+      self->send(caf::actor_cast<engine_supervisor_actor>(e.supervisor), drain_atom::value,
+                 static_cast<std::int64_t>(retire_after.count()));
+      h.retiring.push_back(
+        {e.supervisor, std::chrono::steady_clock::now() + retire_after + engine_stop_allowance});
     } else if (e.supervisor) {
       caf::anon_send_exit(e.supervisor, caf::exit_reason::user_shutdown);
       stopping.push_back(e.supervisor); // a changed engine's process holds its ports
@@ -527,6 +540,11 @@ void append_agent_metrics(wire::metrics_text& m, const agent_handles& handles) {
     m.counter("llmgw_agent_load_reports_sent_total",
               "Reports of the engines' loads sent to the control node.",
               static_cast<double>(c->load_reports_sent.load()), to);
+    m.counter("llmgw_agent_flushes_skipped_total",
+              "Flushes that found the window of unacknowledged updates full (the control node "
+              "is slow, or the link stalls): the mirrors keep the changes, bounded by their "
+              "tables, until it acknowledges.",
+              static_cast<double>(c->flushes_skipped.load()), to);
     for (auto [reason, n] :
          {std::pair{"refused", c->sessions_refused.load()}, {"unproven", c->proofs_refused.load()}})
       m.counter("llmgw_agent_sessions_ended_total",

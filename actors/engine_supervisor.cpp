@@ -182,7 +182,7 @@ engine_supervisor(engine_supervisor_actor::stateful_pointer<engine_supervisor_st
   return {
     [self](start_atom) {
       auto& st = self->state;
-      if (st.pid > 0)
+      if (st.pid > 0 || st.retired)
         return;
       if (st.starts > 0 && st.opts.before_restart)
         st.opts.before_restart(st.opts.launch);
@@ -202,6 +202,10 @@ engine_supervisor(engine_supervisor_actor::stateful_pointer<engine_supervisor_st
     [self](poll_atom) {
       auto& st = self->state;
       self->delayed_send(self, st.opts.poll_interval, poll_atom::value);
+      if (st.retired && (st.pid <= 0 || std::chrono::steady_clock::now() >= st.retire_at)) {
+        self->quit(); // stops the engine if it still runs
+        return;
+      }
       if (st.pid <= 0)
         return;
       int status = 0;
@@ -211,12 +215,23 @@ engine_supervisor(engine_supervisor_actor::stateful_pointer<engine_supervisor_st
       LLMGW_LOG(warning, "engine " + st.opts.replica, "exited ({})",
                 r == st.pid ? describe_exit(status) : "lost");
       st.pid = 0;
+      if (st.retired) {
+        self->quit();
+        return;
+      }
       if (st.mirror) // its KV cache is gone with it
         self->send(st.mirror, reset_atom::value, kv::reset_reason::engine_exit);
       schedule_restart(self);
     },
     [self](status_atom) {
       return caf::make_result(static_cast<std::int64_t>(self->state.pid), self->state.starts);
+    },
+    [self](drain_atom, std::int64_t after_ms) {
+      auto& st = self->state;
+      st.retired = true;
+      st.retire_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(after_ms);
+      if (st.pid <= 0)
+        self->quit(); // not running (a restart pending): nothing to wait for
     },
   };
 }

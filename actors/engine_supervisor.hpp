@@ -2,7 +2,9 @@
 // command line config::make_engine_launch builds, polls for its exit, resets
 // the engine's mirror when it exits (its KV cache is gone) and starts it
 // again with exponential backoff. When the supervisor stops, it stops the
-// engine: SIGTERM, then SIGKILL after a grace period.
+// engine: SIGTERM, then SIGKILL after a grace period. A retired supervisor
+// (its engine left the topology) lets the engine run until a deadline, so
+// requests already sent to it can finish, and never restarts it.
 #pragma once
 
 #include "actors/interfaces.hpp"
@@ -35,6 +37,8 @@ struct engine_supervisor_state {
   std::uint64_t starts = 0;
   std::chrono::milliseconds backoff{0};
   std::chrono::steady_clock::time_point started_at;
+  bool retired = false; ///< never start again; end once the engine is gone
+  std::chrono::steady_clock::time_point retire_at; ///< stop the engine then
   static inline const char* name = "engine_supervisor";
 };
 

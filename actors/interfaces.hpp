@@ -81,7 +81,10 @@ using engine_supervisor_actor = caf::typed_actor<
   // Timer: check whether the engine process is still running.
   caf::reacts_to<poll_atom>,
   // The engine's pid (0 while not running) and how often it was started.
-  caf::replies_to<status_atom>::with<std::int64_t, std::uint64_t>>;
+  caf::replies_to<status_atom>::with<std::int64_t, std::uint64_t>,
+  // Retire (the engine left the topology): never start it again, stop it
+  // after this many milliseconds, and end once it is gone.
+  caf::reacts_to<drain_atom, std::int64_t>>;
 
 /// Reads an agent's engines' /metrics into its engine_loads table.
 using load_scraper_actor = caf::typed_actor<

@@ -1,7 +1,8 @@
 // The engine supervisor with real processes: a stand-in engine (a shell
 // script) records how it was started; the supervisor must pass the seed and
 // flags, restart it with backoff when it exits, reset its mirror each time,
-// and stop it when the supervisor stops.
+// and stop it when the supervisor stops. A retired supervisor (its engine
+// left the topology) never restarts it, and stops it at its deadline.
 #include "actors/engine_supervisor.hpp"
 #include "actors/mirror.hpp"
 #include "actors/registration.hpp"
@@ -128,4 +129,56 @@ TEST(engine_supervisor, a_missing_program_is_retried_not_fatal) {
   EXPECT_EQ(pid, 0);
   EXPECT_EQ(starts, 0u);
   caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+}
+
+namespace {
+
+/// Waits until `s` has ended; false if it still runs after `limit`.
+bool ends_within(caf::actor_system& sys, const engine_supervisor_actor& s,
+                 std::chrono::milliseconds limit) {
+  caf::scoped_actor self{sys};
+  self->monitor(s);
+  bool ended = false;
+  self->receive([&](const caf::down_msg&) { ended = true; }, caf::after(limit) >> [] {});
+  return ended;
+}
+
+} // namespace
+
+TEST(engine_supervisor, a_retired_engine_that_exits_is_not_restarted) {
+  sys_config cfg;
+  caf::actor_system sys{cfg};
+  engine_supervisor_options opts;
+  opts.replica = "r3";
+  opts.launch.argv = {"/bin/sleep", "30"};
+  opts.poll_interval = 20ms;
+  opts.backoff_min = 20ms;
+  auto s = sys.spawn(engine_supervisor, opts, mirror_actor{});
+  std::int64_t pid = 0;
+  test::eventually([&] { return (pid = status(sys, s).first) > 0; }, 2s);
+  ASSERT_GT(pid, 0);
+  caf::anon_send(s, drain_atom::value, std::int64_t{60000});
+  // The retire is handled before the status request that follows it.
+  EXPECT_EQ(status(sys, s).first, pid) << "a retired engine runs on until its deadline";
+  kill(static_cast<pid_t>(pid), SIGKILL);
+  EXPECT_TRUE(ends_within(sys, s, 3s)) << "the supervisor ends with its engine";
+  EXPECT_NE(kill(static_cast<pid_t>(pid), 0), 0) << "reaped, not restarted";
+}
+
+TEST(engine_supervisor, a_retired_engine_is_stopped_at_its_deadline) {
+  sys_config cfg;
+  caf::actor_system sys{cfg};
+  engine_supervisor_options opts;
+  opts.replica = "r4";
+  opts.launch.argv = {"/bin/sleep", "30"};
+  opts.poll_interval = 20ms;
+  auto s = sys.spawn(engine_supervisor, opts, mirror_actor{});
+  std::int64_t pid = 0;
+  test::eventually([&] { return (pid = status(sys, s).first) > 0; }, 2s);
+  ASSERT_GT(pid, 0);
+  caf::anon_send(s, drain_atom::value, std::int64_t{200});
+  EXPECT_TRUE(ends_within(sys, s, 5s)) << "the supervisor ends at its deadline";
+  // The monitor hears of its end before its cleanup has reaped the engine.
+  bool gone = test::eventually([&] { return kill(static_cast<pid_t>(pid), 0) != 0; }, 3s);
+  EXPECT_TRUE(gone) << "and the engine is stopped (and reaped)";
 }

@@ -321,8 +321,10 @@ protected:
   /// Whether control-1 holds state for agent-b's replicas.
   bool control1_has_b() { return has_state("control-1", "b0") && has_state("control-1", "b1"); }
 
-  /// Runs one link fault: `fault` starts it, the proxy's restore ends it.
-  void run(const std::string& name, const std::function<void()>& fault) {
+  /// Runs one link fault: `fault` starts it, the proxy's restore ends it;
+  /// `while_on` checks more once control-1 saw it.
+  void run(const std::string& name, const std::function<void()>& fault,
+           const std::function<void()>& while_on = {}) {
     traffic t({c.gateway_url("control-1"), c.gateway_url("control-2")});
     ASSERT_TRUE(t.more(20));
     auto sessions = proxy.connections();
@@ -332,6 +334,8 @@ protected:
       t0, [&] { return !has_state("control-1", "b0"); }, 10s);
     EXPECT_GE(detected, 0) << "control-1 drops the replicas it no longer hears of";
     EXPECT_TRUE(has_state("control-2", "b0")) << "the other control node is not affected";
+    if (while_on)
+      while_on();
     ASSERT_TRUE(t.more(20));
     auto t1 = clock_type::now();
     proxy.restore();
@@ -535,8 +539,15 @@ TEST_F(faults, control_frozen_then_resumed) {
 namespace {
 
 TEST_F(link_faults, a_stalled_link_ends_the_session_and_a_new_one_sends_a_full_copy) {
-  run("link agent to control node stalls (no byte delivered), then delivers",
-      [&] { proxy.stall(); });
+  const std::string up = "llmgw_agent_session_up{control=\"control-1\"}";
+  run(
+    "link agent to control node stalls (no byte delivered), then delivers", [&] { proxy.stall(); },
+    [&] {
+      // The agent finds the stall too (CAF's heartbeats) and ends its
+      // session: nothing queues toward a link that delivers nothing.
+      EXPECT_TRUE(test::test_cluster::eventually([&] { return c.metric("agent-b", up) == 0; }, 5s))
+        << c.admin_get("agent-b", "/metrics").body;
+    });
 }
 
 TEST_F(link_faults, a_cut_link_ends_the_session_and_a_new_one_sends_a_full_copy) {
