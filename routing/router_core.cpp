@@ -81,6 +81,7 @@ void router_core::apply_topology(const config::topology& topo) {
     });
     if (live != replicas_.end())
       continue; // unchanged: keeps its state
+    w.incarnation = ++incarnations_;
     // The slot it had, else any free one, else a new one.
     auto slot = std::find_if(replicas_.begin(), replicas_.end(),
                              [&](const replica_entry& r) { return r.retired && r.name == w.name; });
@@ -106,7 +107,8 @@ void router_core::remember(const route_decision& d, const std::vector<std::uint6
   if (chunks.empty() || d.replica.empty())
     return;
   for (std::size_t i = 0; i < replicas_.size(); ++i)
-    if (!replicas_[i].retired && replicas_[i].name == d.replica) {
+    if (!replicas_[i].retired && replicas_[i].name == d.replica
+        && replicas_[i].incarnation == d.incarnation) {
       tree_.insert(static_cast<tree_replica>(i), chunks, now);
       return;
     }
@@ -123,7 +125,8 @@ void router_core::refresh_holders() {
 }
 
 request_progress progress_of(const route_decision& d) {
-  return {d.replica, d.uncached_tokens, d.model_ms, d.predicted_cached_tokens, d.watch};
+  return {d.replica, d.incarnation, d.uncached_tokens, d.model_ms, d.predicted_cached_tokens,
+          d.watch};
 }
 
 namespace {
@@ -144,6 +147,11 @@ router_core::replica_entry* router_core::find(const std::string& replica) {
   return nullptr;
 }
 
+router_core::replica_entry* router_core::find(const request_progress& p) {
+  auto* r = find(p.replica);
+  return r && (p.incarnation == 0 || r->incarnation == p.incarnation) ? r : nullptr;
+}
+
 void router_core::note(std::deque<std::chrono::steady_clock::time_point>& times,
                        std::chrono::steady_clock::time_point now) const {
   if (settings_.engine_load_max_age.count() == 0)
@@ -157,7 +165,7 @@ void router_core::note(std::deque<std::chrono::steady_clock::time_point>& times,
 
 void router_core::first_token(const request_progress& p, double observed_ms,
                               std::chrono::steady_clock::time_point now) {
-  auto* r = find(p.replica);
+  auto* r = find(p);
   if (!r)
     return;
   r->queued_tokens -= std::min(r->queued_tokens, p.uncached_tokens);
@@ -174,7 +182,7 @@ void router_core::first_token(const request_progress& p, double observed_ms,
 void router_core::finished(const request_progress& p, bool started,
                            std::optional<std::uint64_t> reported_cached,
                            std::chrono::steady_clock::time_point now) {
-  auto* r = find(p.replica);
+  auto* r = find(p);
   if (!r) {
     kv_.unwatch(p.watch);
     return;
@@ -481,6 +489,7 @@ route_decision router_core::decide(const route_query& q,
   const auto& s = scores[chosen];
   auto& r = replicas_[candidates_[chosen]];
   d.replica = r.name;
+  d.incarnation = r.incarnation;
   d.url = r.url;
   d.uncached_tokens = s.uncached_tokens;
   d.cost_ms = s.cost_ms;

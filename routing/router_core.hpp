@@ -120,6 +120,9 @@ enum class route_failure : std::uint8_t {
 struct route_decision {
   std::string replica; ///< empty when no replica serves the model
   std::string url;     ///< its base URL
+  /// Which entry of that name (replica_entry::incarnation): a request's end
+  /// is not counted against an entry a reload put in its place.
+  std::uint64_t incarnation = 0;
   route_tier tier = route_tier::none;
   double score = 0;          ///< the winner's score in its tier
   std::int32_t dp_rank = -1; ///< tier kv: the rank holding the prefix
@@ -153,6 +156,7 @@ struct router_counters {
 /// and learnt rate current.
 struct request_progress {
   std::string replica;
+  std::uint64_t incarnation = 0;             ///< route_decision::incarnation (0: the one in force)
   std::uint64_t uncached_tokens = 0;         ///< route_decision::uncached_tokens
   double model_ms = 0;                       ///< route_decision::model_ms
   std::uint64_t predicted_cached_tokens = 0; ///< route_decision::predicted_cached_tokens
@@ -251,6 +255,9 @@ public:
     /// Removed by a reload: its slot (and tier-1 index) waits for a new
     /// replica, and nothing is routed or reported for it.
     bool retired = false;
+    /// Numbers the entries: one a reload makes for a changed replica is not
+    /// the entry that requests in flight were sent to (0: none yet).
+    std::uint64_t incarnation = 0;
     std::uint32_t outstanding = 0;
     std::chrono::steady_clock::time_point down_until{};
     bool down_unreachable = false;    ///< down_until is for being unreachable
@@ -304,6 +311,8 @@ private:
   /// Retires slot `i` (apply_topology).
   void retire(std::size_t i);
   replica_entry* find(const std::string& replica);
+  /// The entry `p`'s request was sent to, unless a reload replaced it.
+  replica_entry* find(const request_progress& p);
   /// Notes in `times` that one of this gateway's requests was sent or left
   /// the queue at `now`, forgetting what no report can still need.
   void note(std::deque<std::chrono::steady_clock::time_point>& times,
@@ -321,7 +330,8 @@ private:
   replica_index kv_;
   prefix_tree tree_;
   router_counters counters_;
-  std::uint64_t turn_ = 0; ///< rotates among equal choices
+  std::uint64_t turn_ = 0;         ///< rotates among equal choices
+  std::uint64_t incarnations_ = 0; ///< entries made so far
   /// The mean prefill (uncached tokens) of the requests routed, a moving
   /// average: what a request waiting at an engine is taken to cost.
   double mean_uncached_ = 0;

@@ -228,3 +228,46 @@ TEST(router_reload, a_changed_replica_starts_over_and_tier1_forgets_it) {
   auto other = d.replica == "r0" ? "r1" : "r0";
   EXPECT_TRUE(has_state(rc, other)) << "the other engine of the node is unchanged";
 }
+
+TEST(router_reload, a_request_sent_before_a_change_is_not_counted_against_the_new_entry) {
+  router_core rc(cluster());
+  auto q = query({1, 2, 3});
+  q.exclude = {"r1", "r2"};
+  auto before = rc.decide(q, t0);
+  ASSERT_EQ(before.replica, "r0");
+  rc.first_token(progress_of(before), 5, t0);
+  auto fresh = cluster();
+  node(fresh, "a1").engines[0].url = "http://127.0.0.1:9/elsewhere";
+  rc.apply_topology(fresh);
+  auto after = rc.decide(q, t0);
+  ASSERT_EQ(after.replica, "r0");
+  EXPECT_NE(after.incarnation, before.incarnation);
+  auto r0 = [&]() -> const router_core::replica_entry& {
+    for (const auto& r : rc.replicas())
+      if (!r.retired && r.name == "r0")
+        return r;
+    throw std::runtime_error("no r0");
+  };
+  ASSERT_EQ(r0().outstanding, 1u);
+  ASSERT_EQ(r0().decoding, 0u);
+  // The old entry's request ends: the new entry's counts are its own.
+  rc.finished(progress_of(before), true);
+  EXPECT_EQ(r0().outstanding, 1u) << "the request sent to the old entry is not the new one's";
+  rc.finished(progress_of(after), false);
+  EXPECT_EQ(r0().outstanding, 0u);
+  // The unchanged replicas keep their entry: their requests end as usual.
+  auto q2 = query({4});
+  q2.exclude = {"r0", "r1"};
+  auto on_r2 = rc.decide(q2, t0);
+  ASSERT_EQ(on_r2.replica, "r2");
+  rc.apply_topology(fresh); // the same file again: nothing changes
+  auto r2_outstanding = [&] {
+    for (const auto& r : rc.replicas())
+      if (r.name == "r2")
+        return r.outstanding;
+    return 0u;
+  };
+  EXPECT_EQ(r2_outstanding(), 1u);
+  rc.finished(progress_of(on_r2), false);
+  EXPECT_EQ(r2_outstanding(), 0u);
+}
