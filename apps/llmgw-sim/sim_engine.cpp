@@ -32,11 +32,10 @@ std::string shift_port(const std::string& endpoint, std::size_t delta) {
 
 /// Publishes `per_second` block events a second into each of `pubs` until
 /// `stop`: stores of random blocks (GPU, no tokens: nothing to check or to
-/// match a prompt), then, once 8,192 are held, as many removes of the
-/// oldest. Each 10 ms tick sends one batch per rank.
+/// match a prompt), then, once churn_cap are held, as many removes of the
+/// oldest (churn_removes). Each 10 ms tick sends one batch per rank.
 void churn(const std::vector<publisher*>& pubs, std::size_t per_second,
            const std::atomic<bool>& stop) {
-  constexpr std::size_t cap = 8192;
   std::mt19937_64 rng(std::random_device{}());
   std::vector<std::deque<wire::block_key>> held(pubs.size());
   auto last = std::chrono::steady_clock::now();
@@ -49,13 +48,14 @@ void churn(const std::vector<publisher*>& pubs, std::size_t per_second,
       owed + std::chrono::duration<double>(now - last).count() * static_cast<double>(per_second),
       static_cast<double>(per_second));
     last = now;
-    auto n = static_cast<std::size_t>(owed);
+    // At most half the cap a tick, so removes can always keep the cap.
+    auto n = std::min(static_cast<std::size_t>(owed), churn_cap / 2);
     owed -= static_cast<double>(n);
     if (n == 0)
       continue;
     for (std::size_t r = 0; r < pubs.size(); ++r) {
       auto& h = held[r];
-      std::size_t removes = h.size() + n / 2 >= cap ? std::min(n / 2, h.size()) : 0;
+      auto removes = churn_removes(h.size(), n);
       std::vector<wire::kv_event> events(removes > 0 ? 2 : 1);
       events[0].kind = wire::event_kind::block_stored;
       events[0].block_size = 16;
@@ -80,6 +80,16 @@ void churn(const std::vector<publisher*>& pubs, std::size_t per_second,
 }
 
 } // namespace
+
+std::size_t churn_removes(std::size_t held, std::size_t events, std::size_t cap) {
+  if (held + events <= cap)
+    return 0; // room for every store
+  // Half the events remove, and more if the stores would pass the cap (an
+  // odd count's extra store would otherwise add one block every tick):
+  // held - r + (events - r) <= cap.
+  auto needed = (held + events - cap + 1) / 2;
+  return std::min({held, events, std::max(events / 2, needed)});
+}
 
 struct engine::impl {
   engine_options opts;

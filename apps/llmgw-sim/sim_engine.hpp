@@ -62,4 +62,15 @@ private:
   std::string error_;
 };
 
+/// The benchmark churn's blocks held per rank at most: a bounded cache, as
+/// an engine's is.
+inline constexpr std::size_t churn_cap = 8192;
+
+/// Of `events` churn events on a rank holding `held` churn blocks, how many
+/// remove the oldest (the rest store new ones): none while there is room,
+/// then about half, and always enough that no more than `cap` stay held
+/// (given `events` <= `cap` / 2). An engine's stream never describes more
+/// blocks than its cache holds.
+std::size_t churn_removes(std::size_t held, std::size_t events, std::size_t cap = churn_cap);
+
 } // namespace llmgw::sim

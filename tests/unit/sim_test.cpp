@@ -1,6 +1,7 @@
 // llmgw-sim's tokenizer and KV cache: vLLM's hashes, vLLM's cache rules, and
 // its events followed by the agent's own block table to the same state.
 #include "apps/llmgw-sim/sim_cache.hpp"
+#include "apps/llmgw-sim/sim_engine.hpp"
 #include "apps/llmgw-sim/sim_text.hpp"
 #include "kv/block_table.hpp"
 #include "tests/support/captures.hpp"
@@ -182,4 +183,26 @@ TEST(sim_cache, the_agents_mirror_follows_its_events_to_the_same_state) {
       EXPECT_EQ(mirror.parity(), kv::parity_state::verified)
         << "the agent recomputed the sim's hashes and found them equal";
     }
+}
+
+TEST(sim_churn, the_blocks_held_stay_at_the_cap_whatever_the_tick_size) {
+  // The soak's churn describes a bounded cache, as an engine's stream does:
+  // with an odd number of events a tick, removing half (rounded down) added
+  // one block a tick for ever, and agents and control nodes grew with it.
+  for (std::size_t per_tick : {1u, 2u, 5u, 7u, 250u, 251u, 4096u}) {
+    std::size_t held = 0;
+    std::size_t most = 0;
+    std::size_t removed = 0;
+    for (int tick = 0; tick < 20000; ++tick) {
+      auto removes = churn_removes(held, per_tick);
+      ASSERT_LE(removes, held);
+      ASSERT_LE(removes, per_tick);
+      held = held - removes + (per_tick - removes);
+      removed += removes;
+      most = std::max(most, held);
+    }
+    EXPECT_LE(most, churn_cap) << per_tick << " events a tick";
+    EXPECT_GE(held + per_tick, churn_cap) << "it fills up to the cap";
+    EXPECT_GT(removed, 0u) << "and then removes";
+  }
 }
