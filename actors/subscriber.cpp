@@ -114,6 +114,9 @@ void subscriber(caf::blocking_actor* self, const std::shared_ptr<kv_event_socket
       },
       caf::after(std::chrono::milliseconds(0)) >> [] {});
   }
+  // The actor's arguments (this socket with them) live as long as its
+  // handles: free the port now, for a reload that binds it again.
+  socket->close();
 }
 
 } // namespace llmgw

@@ -77,6 +77,10 @@ bool kv_event_socket::connect_replay(const std::string& endpoint, std::string& e
 
 kv_event_socket::~kv_event_socket() = default;
 
+void kv_event_socket::close() noexcept {
+  impl_.reset(); // closes the sockets (linger 0), then ends their context
+}
+
 bool kv_event_socket::has_replay() const noexcept {
   return impl_ && impl_->dealer.has_value();
 }

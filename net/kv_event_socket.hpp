@@ -65,6 +65,12 @@ public:
   /// it check its replay deadline at `now`.
   void pump(kv::event_stream& stream, std::chrono::steady_clock::time_point now, const handlers& h);
 
+  /// Closes the sockets now, not when the last owner lets go: once this
+  /// returns, the address is free to bind again (a reload's new subscriber
+  /// takes the same fixed port). Nothing but the destructor may be called
+  /// afterwards.
+  void close() noexcept;
+
 private:
   struct impl;
   std::unique_ptr<impl> impl_;

@@ -33,8 +33,19 @@ protected:
   reload()
     : nodes(
       {{"control-1", true, false, "127.0.0.1", {}},
-       {"agent-a", false, true, "127.0.0.1", {test::sim_engine("s0"), test::sim_engine("s1")}}}),
+       {"agent-a", false, true, "127.0.0.1", {test::sim_engine("s0"), fixed_events_port("s1")}}}),
       c(nodes) {}
+
+  /// A sim whose subscribers bind ports the topology names (two ranks: a
+  /// launched engine of one rank uses a private ipc socket instead). When
+  /// it changes, its new subscribers bind the same ports, free only once
+  /// the old ones are gone.
+  static test::test_engine_spec fixed_events_port(const std::string& replica) {
+    auto e = test::sim_engine(replica);
+    e.dp_size = 2;
+    e.events_port = test::free_port_run(2);
+    return e;
+  }
 
   void SetUp() override {
     c.start("control-1");
@@ -65,14 +76,15 @@ protected:
     return false;
   }
 
-  /// The agent's mirror of each replica, by fingerprint.
+  /// The agent's mirror of each replica's rank 0, by fingerprint.
   std::map<std::string, std::string> mirrors() {
     std::map<std::string, std::string> out;
     auto m = c.mirrors("agent-a");
     if (m.is_object())
       for (const auto& x : m.at("mirrors").as_array())
-        out[json::value_to<std::string>(x.at("replica"))] =
-          json::value_to<std::string>(x.at("fingerprint"));
+        if (x.at("dp_rank").to_number<std::int64_t>() == 0)
+          out[json::value_to<std::string>(x.at("replica"))] =
+            json::value_to<std::string>(x.at("fingerprint"));
     return out;
   }
 
@@ -244,8 +256,9 @@ TEST_F(reload, a_changed_engine_restarts_on_its_ports_and_the_unchanged_one_keep
   auto s1_pid = c.sim_pid("s1");
   ASSERT_GT(s1_pid, 0);
   auto changed = nodes;
-  changed[1].engines[1].model = "m2"; // the same port, another model: a new engine
+  changed[1].engines[1].model = "m2"; // the same ports, another model: a new engine
   c.write_topology(changed, "cluster.toml");
+  auto log_before = c.log_of("agent-a").size();
   c.signal("control-1", SIGHUP);
   c.signal("agent-a", SIGHUP);
   // The old engine had to stop first: the new one binds the same HTTP port.
@@ -264,6 +277,13 @@ TEST_F(reload, a_changed_engine_restarts_on_its_ports_and_the_unchanged_one_keep
     20s))
     << c.log_of("agent-a");
   EXPECT_TRUE(c.eventually([&] { return in_step({"s0", "s1"}); }, 20s)) << c.log_of("agent-a");
+  // Started once, and its subscriber bound the events port: a new engine
+  // started beside the old one fails to bind its HTTP port, exits and is
+  // restarted after a backoff; a new subscriber beside the old one fails to
+  // bind the events port and the engine's state never reaches the index.
+  auto since = c.log_of("agent-a").substr(log_before);
+  EXPECT_EQ(since.find("engine s1: exited"), std::string::npos) << since;
+  EXPECT_EQ(since.find("cannot"), std::string::npos) << since;
   EXPECT_EQ(metric("control-1", "llmgw_agent_sessions_total"), sessions);
   json::object old_model{{"model", "m"}, {"prompt", "still served by s0"}, {"max_tokens", 2}};
   EXPECT_EQ(c.post("control-1", "/v1/completions", json::serialize(old_model)).status, 200);

@@ -55,7 +55,7 @@ bool bindable(std::uint16_t port) {
 
 } // namespace
 
-std::uint16_t free_port() {
+std::uint16_t free_port_run(std::uint16_t count) {
   // Topologies name fixed ports, which the nodes bind seconds later. A port
   // from the kernel's ephemeral range could meanwhile become some socket's
   // local end (an outgoing connection, an agent's replay port), and a port
@@ -77,29 +77,40 @@ std::uint16_t free_port() {
   std::lock_guard<std::mutex> guard(mtx);
   const int high = ephemeral_low();
   const int low = std::max(10000, high - 20000);
-  std::uniform_int_distribution<int> pick(low, high - 1);
+  std::uniform_int_distribution<int> pick(low, high - count);
   for (int attempt = 0; attempt < 10000; ++attempt) {
     auto port = static_cast<std::uint16_t>(pick(random));
-    if (mine.count(port))
+    bool taken = false;
+    for (std::uint16_t i = 0; i < count; ++i)
+      taken |= mine.count(static_cast<std::uint16_t>(port + i)) != 0;
+    if (taken)
       continue;
     struct flock lock {};
     lock.l_type = F_WRLCK;
     lock.l_whence = SEEK_SET;
     lock.l_start = port;
-    lock.l_len = 1;
+    lock.l_len = count;
     if (leases >= 0 && ::fcntl(leases, F_OFD_SETLK, &lock) != 0)
       continue;
-    if (!bindable(port)) {
+    bool free = true;
+    for (std::uint16_t i = 0; i < count; ++i)
+      free &= bindable(static_cast<std::uint16_t>(port + i));
+    if (!free) {
       lock.l_type = F_UNLCK;
       if (leases >= 0)
         ::fcntl(leases, F_OFD_SETLK, &lock);
       continue;
     }
-    mine.insert(port);
+    for (std::uint16_t i = 0; i < count; ++i)
+      mine.insert(static_cast<std::uint16_t>(port + i));
     return port;
   }
   ADD_FAILURE() << "no free port below " << high << " after 10000 tries";
   return 0;
+}
+
+std::uint16_t free_port() {
+  return free_port_run(1);
 }
 
 test_cluster::test_cluster(std::vector<test_node_spec> nodes, std::string extra_cluster)
@@ -176,6 +187,8 @@ std::string test_cluster::write_topology(const std::vector<test_node_spec>& node
                          "\"--data-parallel-size\", \"{}\", \"--sim-fail-file\", \"{}\"]\n",
                          e.replica, e.model, port, e.dp_size, LLMGW_SIM, e.model, port, e.dp_size,
                          fail_file(e.replica));
+        if (e.events_port != 0)
+          t += fmt::format("events_port = {}\n", e.events_port);
         continue;
       }
       std::vector<std::string> lora;

@@ -27,6 +27,10 @@ namespace llmgw::test {
 /// given it while this one runs.
 std::uint16_t free_port();
 
+/// The first of `count` consecutive ports, each as free_port gives one (a
+/// data-parallel engine's ranks take consecutive ports).
+std::uint16_t free_port_run(std::uint16_t count);
+
 /// An engine of an agent node, launched as llmgw-test-engine publishing a
 /// capture's frames, or (sim) as llmgw-sim serving requests on a free port
 /// with 2,048 blocks (its url set to it).
@@ -38,7 +42,8 @@ struct test_engine_spec {
   std::string url = "http://127.0.0.1:1"; ///< its HTTP API (/tokenize)
   std::vector<std::string> lora = {};     ///< LoRA adapters it serves
   bool sim = false;
-  std::uint32_t dp_size = 1; ///< a sim's data-parallel ranks
+  std::uint32_t dp_size = 1;     ///< a sim's data-parallel ranks
+  std::uint16_t events_port = 0; ///< a sim's fixed events port (0: the agent picks one)
 };
 
 /// A simulated engine (llmgw-sim) with KV events, serving model "m".
