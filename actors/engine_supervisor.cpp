@@ -152,21 +152,21 @@ void schedule_restart(self_ptr self) {
 }
 
 /// SIGTERM, a grace period, then SIGKILL; reaps the child.
-void stop_engine(engine_supervisor_state& st) {
-  if (st.pid <= 0)
+void stop_engine(engine_process& p, std::chrono::milliseconds grace) {
+  if (p.pid <= 0)
     return;
-  kill(-st.pid, SIGTERM); // the engine's whole process group
-  auto deadline = std::chrono::steady_clock::now() + st.opts.stop_grace;
+  kill(-p.pid, SIGTERM); // the engine's whole process group
+  auto deadline = std::chrono::steady_clock::now() + grace;
   int status = 0;
-  while (waitpid(st.pid, &status, WNOHANG) == 0) {
+  while (waitpid(p.pid, &status, WNOHANG) == 0) {
     if (std::chrono::steady_clock::now() >= deadline) {
-      kill(-st.pid, SIGKILL);
-      waitpid(st.pid, &status, 0);
+      kill(-p.pid, SIGKILL);
+      waitpid(p.pid, &status, 0);
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  st.pid = 0;
+  p.pid = 0;
 }
 
 } // namespace
@@ -176,20 +176,24 @@ engine_supervisor(engine_supervisor_actor::stateful_pointer<engine_supervisor_st
                   engine_supervisor_options opts, mirror_actor mirror) {
   self->state.opts = std::move(opts);
   self->state.mirror = std::move(mirror);
-  self->attach_functor([self] { stop_engine(self->state); });
+  // CAF destroys the state before it runs attached functors: the functor
+  // owns what it needs.
+  self->attach_functor([process = self->state.process, grace = self->state.opts.stop_grace] {
+    stop_engine(*process, grace);
+  });
   self->send(self, start_atom::value);
   self->delayed_send(self, self->state.opts.poll_interval, poll_atom::value);
   return {
     [self](start_atom) {
       auto& st = self->state;
-      if (st.pid > 0 || st.retired)
+      if (st.process->pid > 0 || st.retired)
         return;
       if (st.starts > 0 && st.opts.before_restart)
         st.opts.before_restart(st.opts.launch);
       std::string error;
-      st.pid = spawn_engine(st.opts.launch, error);
+      st.process->pid = spawn_engine(st.opts.launch, error);
       st.started_at = std::chrono::steady_clock::now();
-      if (st.pid <= 0) {
+      if (st.process->pid <= 0) {
         LLMGW_LOG(error, "engine " + st.opts.replica, "cannot start {}: {}",
                   st.opts.launch.argv.at(0), error);
         schedule_restart(self);
@@ -197,24 +201,25 @@ engine_supervisor(engine_supervisor_actor::stateful_pointer<engine_supervisor_st
       }
       ++st.starts;
       LLMGW_LOG(info, "engine " + st.opts.replica, "started {} (pid {})", st.opts.launch.argv.at(0),
-                st.pid);
+                st.process->pid);
     },
     [self](poll_atom) {
       auto& st = self->state;
       self->delayed_send(self, st.opts.poll_interval, poll_atom::value);
-      if (st.retired && (st.pid <= 0 || std::chrono::steady_clock::now() >= st.retire_at)) {
+      if (st.retired
+          && (st.process->pid <= 0 || std::chrono::steady_clock::now() >= st.retire_at)) {
         self->quit(); // stops the engine if it still runs
         return;
       }
-      if (st.pid <= 0)
+      if (st.process->pid <= 0)
         return;
       int status = 0;
-      auto r = waitpid(st.pid, &status, WNOHANG);
+      auto r = waitpid(st.process->pid, &status, WNOHANG);
       if (r == 0)
         return; // still running
       LLMGW_LOG(warning, "engine " + st.opts.replica, "exited ({})",
-                r == st.pid ? describe_exit(status) : "lost");
-      st.pid = 0;
+                r == st.process->pid ? describe_exit(status) : "lost");
+      st.process->pid = 0;
       if (st.retired) {
         self->quit();
         return;
@@ -224,13 +229,14 @@ engine_supervisor(engine_supervisor_actor::stateful_pointer<engine_supervisor_st
       schedule_restart(self);
     },
     [self](status_atom) {
-      return caf::make_result(static_cast<std::int64_t>(self->state.pid), self->state.starts);
+      return caf::make_result(static_cast<std::int64_t>(self->state.process->pid),
+                              self->state.starts);
     },
     [self](drain_atom, std::int64_t after_ms) {
       auto& st = self->state;
       st.retired = true;
       st.retire_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(after_ms);
-      if (st.pid <= 0)
+      if (st.process->pid <= 0)
         self->quit(); // not running (a restart pending): nothing to wait for
     },
   };

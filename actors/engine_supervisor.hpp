@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 #include <sys/types.h>
 
@@ -30,10 +31,16 @@ struct engine_supervisor_options {
   std::function<void(config::engine_launch&)> before_restart;
 };
 
+/// The engine process a supervisor runs: shared with the supervisor's exit
+/// hook, which stops it after CAF has destroyed the supervisor's state.
+struct engine_process {
+  pid_t pid = 0; ///< 0 while not running
+};
+
 struct engine_supervisor_state {
   engine_supervisor_options opts;
   mirror_actor mirror; ///< may be invalid: an engine without kv_events
-  pid_t pid = 0;
+  std::shared_ptr<engine_process> process = std::make_shared<engine_process>();
   std::uint64_t starts = 0;
   std::chrono::milliseconds backoff{0};
   std::chrono::steady_clock::time_point started_at;

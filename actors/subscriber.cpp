@@ -26,6 +26,13 @@ void subscriber(caf::blocking_actor* self, const std::shared_ptr<kv_event_socket
                 const subscriber_options& opts, mirror_actor mirror,
                 std::shared_ptr<subscriber_stats> stats) {
   const std::string who = "subscriber " + opts.replica;
+  // The actor's arguments (this socket with them) live as long as its
+  // handles: the port is freed as the body ends, however it ends, for a
+  // reload that binds it again.
+  struct closer {
+    kv_event_socket& socket;
+    ~closer() { socket.close(); }
+  } close_on_exit{*socket};
   kv::event_stream::config cfg;
   cfg.replay_available = socket->has_replay();
   stats->replay = cfg.replay_available;
@@ -114,9 +121,6 @@ void subscriber(caf::blocking_actor* self, const std::shared_ptr<kv_event_socket
       },
       caf::after(std::chrono::milliseconds(0)) >> [] {});
   }
-  // The actor's arguments (this socket with them) live as long as its
-  // handles: free the port now, for a reload that binds it again.
-  socket->close();
 }
 
 } // namespace llmgw
