@@ -245,8 +245,11 @@ void check_address(self_ptr self, std::uint64_t session) {
     return accept(self, session);
   if (a.forwarder.node() == self->node()) {
     // A forwarder of this very process (a node with both roles): there is no
-    // connection to look up. CAF closes connections from peers that claim
-    // this node's id, and the name was proven, so only this node gets here.
+    // connection to look up. A peer cannot pose as one: CAF's handshake
+    // closes connections that claim this node's id, and tls_hooks refuses
+    // routed messages (whose source node CAF would believe). The name was
+    // proven too; in a plaintext cluster, on loopback only, nobody proves
+    // one and any local process can claim any node anyway.
     if (a.node == st.opts.node)
       return accept(self, session);
     return refuse_attempt(self, session, "address",

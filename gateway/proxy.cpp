@@ -365,7 +365,7 @@ private:
     // An abandoned attempt's replica is down already, until a probe succeeds.
     if (!abandoned)
       ctx_.plane.shared_router->mark_down(decision_.replica, ctx_.topo->gateway.down_for,
-                                          err.kind == http_failure::connect);
+                                          err.kind == http_failure::connect, decision_.incarnation);
     last_error_ = "replica " + decision_.replica + ": " + err.message;
     if (tried_.size() >= ctx_.topo->gateway.max_attempts) {
       g.unlock();
@@ -395,7 +395,7 @@ private:
     if (auto n = ctx_.stats->failure_log.admit(decision_.replica + "/server_error"))
       LLMGW_LOG(warning, "gateway", "replica {} answered {}{}", decision_.replica, status_,
                 burst_note(n));
-    server_errors_.push_back(decision_.replica);
+    server_errors_.emplace_back(decision_.replica, decision_.incarnation);
     last_error_ = "replica " + decision_.replica + " answered " + std::to_string(status_);
     if (tried_.size() >= ctx_.topo->gateway.max_attempts)
       return false;
@@ -417,24 +417,24 @@ private:
   /// the engine is alive and failing). A replica that answers clears its
   /// count.
   void blame_server_errors() {
-    std::vector<std::string> down;
+    std::vector<std::pair<std::string, std::uint64_t>> down;
     {
       std::lock_guard<std::mutex> s(ctx_.stats->mtx);
       ctx_.stats->server_errors_in_row.erase(decision_.replica);
       for (const auto& r : server_errors_) {
-        auto& n = ctx_.stats->server_errors_in_row[r];
+        auto& n = ctx_.stats->server_errors_in_row[r.first];
         if (++n >= server_errors_to_mark_down) {
           n = 0;
           down.push_back(r);
         }
       }
     }
-    for (const auto& r : down) {
+    for (const auto& [r, incarnation] : down) {
       LLMGW_LOG(warning, "gateway",
                 "replica {} answered {} server errors in a row that others did not: avoided for "
                 "{} ms",
                 r, server_errors_to_mark_down, ctx_.topo->gateway.down_for.count());
-      ctx_.plane.shared_router->mark_down(r, ctx_.topo->gateway.down_for, false);
+      ctx_.plane.shared_router->mark_down(r, ctx_.topo->gateway.down_for, false, incarnation);
     }
   }
 
@@ -524,7 +524,8 @@ private:
   std::uint64_t attempt_ = 0;      ///< the current attempt's id in proxy_stats::attempts
   bool abandoned_ = false;         ///< the current attempt was abandoned (its replica is down)
   std::optional<http_reply> held_; ///< an earlier attempt's server error
-  std::vector<std::string> server_errors_; ///< replicas that answered this one 5xx
+  /// Replicas (and which entry of each) that answered this request 5xx.
+  std::vector<std::pair<std::string, std::uint64_t>> server_errors_;
 };
 
 } // namespace

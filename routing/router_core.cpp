@@ -301,8 +301,11 @@ void router_core::estimate_costs(route_decision& d, std::uint64_t prompt,
 }
 
 void router_core::mark_down(const std::string& replica, std::chrono::steady_clock::time_point until,
-                            bool unreachable) {
-  if (auto* r = find(replica)) {
+                            bool unreachable, std::uint64_t incarnation) {
+  request_progress which;
+  which.replica = replica;
+  which.incarnation = incarnation;
+  if (auto* r = find(which)) {
     r->down_until = until;
     r->down_unreachable = unreachable;
   }

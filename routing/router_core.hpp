@@ -195,9 +195,11 @@ public:
   /// Marks `replica` down until `until`: it could not be reached (a
   /// health probe that succeeds ends the mark), or, with `unreachable`
   /// false, it answered server errors (its probe says nothing new: the mark
-  /// lasts).
+  /// lasts). With an `incarnation` (route_decision's), only that entry:
+  /// the failure of a request sent before a reload replaced the replica
+  /// says nothing of the new one.
   void mark_down(const std::string& replica, std::chrono::steady_clock::time_point until,
-                 bool unreachable = true);
+                 bool unreachable = true, std::uint64_t incarnation = 0);
 
   /// A health probe of `replica` succeeded (`ok`) or failed. Failed ones in
   /// a row (probe_failures_to_mark_down) mark it down until one succeeds; a

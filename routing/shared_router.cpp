@@ -71,9 +71,9 @@ bool shared_router::probe_result(const std::string& replica, bool ok) {
 }
 
 void shared_router::mark_down(const std::string& replica, std::chrono::milliseconds how_long,
-                              bool unreachable) {
+                              bool unreachable, std::uint64_t incarnation) {
   std::lock_guard<std::mutex> g(mtx_);
-  core_.mark_down(replica, std::chrono::steady_clock::now() + how_long, unreachable);
+  core_.mark_down(replica, std::chrono::steady_clock::now() + how_long, unreachable, incarnation);
 }
 
 void shared_router::append_metrics(wire::metrics_text& out) {

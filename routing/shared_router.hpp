@@ -45,9 +45,10 @@ public:
   /// A health probe of `replica` succeeded or failed (router_core).
   bool probe_result(const std::string& replica, bool ok);
 
-  /// Avoid `replica` for `how_long` (it refused or failed a request).
+  /// Avoid `replica` (that entry of it, with an incarnation) for
+  /// `how_long`: it refused or failed a request.
   void mark_down(const std::string& replica, std::chrono::milliseconds how_long,
-                 bool unreachable = true);
+                 bool unreachable = true, std::uint64_t incarnation = 0);
 
   /// Puts a reloaded topology's replicas in force (router_core).
   void apply_topology(const config::topology& topo);

@@ -56,22 +56,26 @@ void churn(const std::vector<publisher*>& pubs, std::size_t per_second,
     for (std::size_t r = 0; r < pubs.size(); ++r) {
       auto& h = held[r];
       auto removes = churn_removes(h.size(), n);
-      std::vector<wire::kv_event> events(removes > 0 ? 2 : 1);
-      events[0].kind = wire::event_kind::block_stored;
-      events[0].block_size = 16;
-      for (std::size_t i = 0; i < n - removes; ++i) {
-        wire::block_hash b;
-        b.key = rng();
-        events[0].block_hashes.push_back(b);
-        h.push_back(b.key);
+      std::vector<wire::kv_event> events; // no empty event: vLLM sends none
+      if (removes < n) {
+        auto& stored = events.emplace_back();
+        stored.kind = wire::event_kind::block_stored;
+        stored.block_size = 16;
+        for (std::size_t i = 0; i < n - removes; ++i) {
+          wire::block_hash b;
+          b.key = rng();
+          stored.block_hashes.push_back(b);
+          h.push_back(b.key);
+        }
       }
       if (removes > 0) {
-        events[1].kind = wire::event_kind::block_removed;
+        auto& removed = events.emplace_back();
+        removed.kind = wire::event_kind::block_removed;
         for (std::size_t i = 0; i < removes; ++i) {
           wire::block_hash b;
           b.key = h.front();
           h.pop_front();
-          events[1].block_hashes.push_back(b);
+          removed.block_hashes.push_back(b);
         }
       }
       pubs[r]->publish(std::move(events));

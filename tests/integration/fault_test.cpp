@@ -545,7 +545,7 @@ TEST_F(link_faults, a_stalled_link_ends_the_session_and_a_new_one_sends_a_full_c
     [&] {
       // The agent finds the stall too (CAF's heartbeats) and ends its
       // session: nothing queues toward a link that delivers nothing.
-      EXPECT_TRUE(test::test_cluster::eventually([&] { return c.metric("agent-b", up) == 0; }, 5s))
+      EXPECT_TRUE(test::test_cluster::eventually([&] { return c.metric("agent-b", up) == 0; }, 10s))
         << c.admin_get("agent-b", "/metrics").body;
     });
 }

@@ -255,6 +255,12 @@ TEST(router_reload, a_request_sent_before_a_change_is_not_counted_against_the_ne
   EXPECT_EQ(r0().outstanding, 1u) << "the request sent to the old entry is not the new one's";
   rc.finished(progress_of(after), false);
   EXPECT_EQ(r0().outstanding, 0u);
+  // The old entry's failure does not mark the new one down; its own does.
+  auto later = t0 + std::chrono::hours(1);
+  rc.mark_down("r0", later, false, before.incarnation);
+  EXPECT_FALSE(r0().down(t0)) << "a request sent to the old entry failed";
+  rc.mark_down("r0", later, false, after.incarnation);
+  EXPECT_TRUE(r0().down(t0));
   // The unchanged replicas keep their entry: their requests end as usual.
   auto q2 = query({4});
   q2.exclude = {"r0", "r1"};
