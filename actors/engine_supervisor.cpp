@@ -12,7 +12,6 @@
 #include <fcntl.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
-#include <thread>
 #include <unistd.h>
 
 extern char** environ;
@@ -151,22 +150,54 @@ void schedule_restart(self_ptr self) {
   self->delayed_send(self, st.backoff, start_atom::value);
 }
 
-/// SIGTERM, a grace period, then SIGKILL; reaps the child.
-void stop_engine(engine_process& p, std::chrono::milliseconds grace) {
+/// SIGKILL to the engine's whole process group, and reaps the engine: the
+/// last resort of the exit hook, for a supervisor killed before its engine
+/// stopped (exit_reason::kill skips the exit handler).
+void kill_engine(engine_process& p) {
   if (p.pid <= 0)
     return;
-  kill(-p.pid, SIGTERM); // the engine's whole process group
-  auto deadline = std::chrono::steady_clock::now() + grace;
-  int status = 0;
-  while (waitpid(p.pid, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() >= deadline) {
-      kill(-p.pid, SIGKILL);
-      waitpid(p.pid, &status, 0);
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  kill(-p.pid, SIGKILL);
+  waitpid(p.pid, nullptr, 0);
   p.pid = 0;
+}
+
+/// Starts stopping the engine and ends the supervisor once it is reaped:
+/// SIGTERM now, SIGKILL at the end of the grace period (see the poll). The
+/// wait is the poll's, not a loop here: a vLLM engine takes seconds to stop,
+/// and a loop would hold one of the scheduler's threads all that time, one
+/// per engine stopped at once. Ending only after the reap lets whoever waits
+/// for the supervisor (a reload starting the engine anew on the same ports
+/// and GPUs) know the old process is gone.
+void begin_stop(self_ptr self, caf::error reason) {
+  auto& st = self->state;
+  if (st.process->pid <= 0) {
+    self->quit(std::move(reason));
+    return;
+  }
+  if (st.stopping)
+    return; // the first deadline holds
+  st.stopping = true;
+  st.stop_reason = std::move(reason);
+  st.stop_deadline = std::chrono::steady_clock::now() + st.opts.stop_grace;
+  kill(-st.process->pid, SIGTERM); // the engine's whole process group
+}
+
+/// One poll of a stopping engine: ends the supervisor once it is reaped,
+/// SIGKILLs it at the deadline.
+void poll_stopping(self_ptr self) {
+  auto& st = self->state;
+  int status = 0;
+  if (waitpid(st.process->pid, &status, WNOHANG) != 0) {
+    st.process->pid = 0;
+    self->quit(st.stop_reason);
+    return;
+  }
+  if (!st.killed && std::chrono::steady_clock::now() >= st.stop_deadline) {
+    LLMGW_LOG(warning, "engine " + st.opts.replica, "still running {} ms after SIGTERM: SIGKILL",
+              st.opts.stop_grace.count());
+    kill(-st.process->pid, SIGKILL);
+    st.killed = true;
+  }
 }
 
 } // namespace
@@ -178,15 +209,14 @@ engine_supervisor(engine_supervisor_actor::stateful_pointer<engine_supervisor_st
   self->state.mirror = std::move(mirror);
   // CAF destroys the state before it runs attached functors: the functor
   // owns what it needs.
-  self->attach_functor([process = self->state.process, grace = self->state.opts.stop_grace] {
-    stop_engine(*process, grace);
-  });
+  self->attach_functor([process = self->state.process] { kill_engine(*process); });
+  self->set_exit_handler([self](caf::exit_msg& msg) { begin_stop(self, std::move(msg.reason)); });
   self->send(self, start_atom::value);
   self->delayed_send(self, self->state.opts.poll_interval, poll_atom::value);
   return {
     [self](start_atom) {
       auto& st = self->state;
-      if (st.process->pid > 0 || st.retired)
+      if (st.process->pid > 0 || st.retired || st.stopping)
         return;
       if (st.starts > 0 && st.opts.before_restart)
         st.opts.before_restart(st.opts.launch);
@@ -206,9 +236,13 @@ engine_supervisor(engine_supervisor_actor::stateful_pointer<engine_supervisor_st
     [self](poll_atom) {
       auto& st = self->state;
       self->delayed_send(self, st.opts.poll_interval, poll_atom::value);
+      if (st.stopping) {
+        poll_stopping(self);
+        return;
+      }
       if (st.retired
           && (st.process->pid <= 0 || std::chrono::steady_clock::now() >= st.retire_at)) {
-        self->quit(); // stops the engine if it still runs
+        begin_stop(self, caf::error{}); // ends now if the engine is gone
         return;
       }
       if (st.process->pid <= 0)

@@ -1,8 +1,9 @@
 // The engine supervisor: starts one engine (vLLM, or llmgw-sim) with the
 // command line config::make_engine_launch builds, polls for its exit, resets
 // the engine's mirror when it exits (its KV cache is gone) and starts it
-// again with exponential backoff. When the supervisor stops, it stops the
-// engine: SIGTERM, then SIGKILL after a grace period. A retired supervisor
+// again with exponential backoff. Asked to stop (an exit message), it stops
+// the engine first: SIGTERM, then SIGKILL after a grace period, and ends once
+// the engine is reaped, without holding a thread meanwhile. A retired supervisor
 // (its engine left the topology) lets the engine run until a deadline, so
 // requests already sent to it can finish, and never restarts it.
 #pragma once
@@ -32,7 +33,8 @@ struct engine_supervisor_options {
 };
 
 /// The engine process a supervisor runs: shared with the supervisor's exit
-/// hook, which stops it after CAF has destroyed the supervisor's state.
+/// hook, which kills it if the supervisor ended before stopping it, after
+/// CAF has destroyed the supervisor's state.
 struct engine_process {
   pid_t pid = 0; ///< 0 while not running
 };
@@ -46,6 +48,10 @@ struct engine_supervisor_state {
   std::chrono::steady_clock::time_point started_at;
   bool retired = false; ///< never start again; end once the engine is gone
   std::chrono::steady_clock::time_point retire_at; ///< stop the engine then
+  bool stopping = false;                           ///< SIGTERM sent: end once the engine is reaped
+  bool killed = false;                             ///< SIGKILL sent too
+  std::chrono::steady_clock::time_point stop_deadline; ///< SIGKILL then
+  caf::error stop_reason;                              ///< to end with
   static inline const char* name = "engine_supervisor";
 };
 

@@ -179,7 +179,74 @@ TEST(engine_supervisor, a_retired_engine_is_stopped_at_its_deadline) {
   ASSERT_GT(pid, 0);
   caf::anon_send(s, drain_atom::value, std::int64_t{200});
   EXPECT_TRUE(ends_within(sys, s, 5s)) << "the supervisor ends at its deadline";
-  // The monitor hears of its end before its cleanup has reaped the engine.
-  bool gone = test::eventually([&] { return kill(static_cast<pid_t>(pid), 0) != 0; }, 3s);
-  EXPECT_TRUE(gone) << "and the engine is stopped (and reaped)";
+  EXPECT_NE(kill(static_cast<pid_t>(pid), 0), 0) << "after the engine is stopped and reaped";
+}
+
+namespace {
+
+/// A stand-in engine that answers SIGTERM with `on_term` (a shell trap).
+engine_supervisor_options trapping_engine(const std::string& replica, const std::string& on_term) {
+  engine_supervisor_options opts;
+  opts.replica = replica;
+  opts.launch.argv = {"/bin/sh", "-c", "trap '" + on_term + "' TERM; while :; do sleep 0.05; done"};
+  opts.poll_interval = 20ms;
+  return opts;
+}
+
+std::int64_t running_pid(caf::actor_system& sys, const engine_supervisor_actor& s) {
+  std::int64_t pid = 0;
+  test::eventually([&] { return (pid = status(sys, s).first) > 0; }, 2s);
+  return pid;
+}
+
+} // namespace
+
+// A reload that changes an engine starts the new one on the same ports (and,
+// with vLLM, the same GPUs) as soon as the old supervisor has ended.
+TEST(engine_supervisor, ends_only_once_its_engine_has_exited) {
+  sys_config cfg;
+  caf::actor_system sys{cfg};
+  auto s = sys.spawn(engine_supervisor, trapping_engine("r5", "sleep 0.5; exit 0"), mirror_actor{});
+  auto pid = running_pid(sys, s);
+  ASSERT_GT(pid, 0);
+  caf::scoped_actor self{sys};
+  self->monitor(s);
+  caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+  bool ended = false;
+  self->receive([&](const caf::down_msg&) { ended = true; }, caf::after(10s) >> [] {});
+  ASSERT_TRUE(ended);
+  EXPECT_NE(kill(static_cast<pid_t>(pid), 0), 0)
+    << "the engine, slow to stop, is gone (and reaped) when the supervisor has ended";
+}
+
+// A vLLM engine takes seconds to stop. Stopping several at once must not
+// take the scheduler's threads (two here) from the node's other actors.
+TEST(engine_supervisor, a_slow_stop_holds_no_scheduler_thread) {
+  sys_config cfg;
+  caf::actor_system sys{cfg};
+  std::vector<engine_supervisor_actor> slow;
+  std::vector<std::int64_t> pids;
+  for (const char* name : {"r6", "r7"}) {
+    auto opts = trapping_engine(name, ""); // ignores SIGTERM
+    opts.stop_grace = 5s;
+    slow.push_back(sys.spawn(engine_supervisor, opts, mirror_actor{}));
+    pids.push_back(running_pid(sys, slow.back()));
+    ASSERT_GT(pids.back(), 0);
+  }
+  auto other = sys.spawn(engine_supervisor, trapping_engine("r8", "exit 0"), mirror_actor{});
+  ASSERT_GT(running_pid(sys, other), 0);
+  for (const auto& s : slow)
+    caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+  // Each slow stop has begun once its supervisor answers after the exit.
+  for (const auto& s : slow)
+    status(sys, s);
+  EXPECT_GT(status(sys, other).first, 0) << "another actor answers";
+  for (auto pid : pids)
+    EXPECT_EQ(kill(static_cast<pid_t>(pid), 0), 0)
+      << "while the engines ignoring SIGTERM still run, in their grace period";
+  for (const auto& s : slow)
+    EXPECT_TRUE(ends_within(sys, s, 15s)) << "SIGKILL at the end of the grace period";
+  for (auto pid : pids)
+    EXPECT_NE(kill(static_cast<pid_t>(pid), 0), 0);
+  caf::anon_send_exit(other, caf::exit_reason::user_shutdown);
 }
