@@ -50,8 +50,6 @@ constexpr auto slow_factor = 1;
 
 namespace {
 
-const std::vector<std::string> replicas = {"a0", "a1", "b0", "b1"};
-
 /// Requests at a steady rate to the gateways named, each answer recorded.
 class traffic {
 public:
@@ -163,16 +161,20 @@ private:
 class faults : public ::testing::Test {
 protected:
   faults()
-    : c({{"control-1", true, false, "127.0.0.1", {}},
-         {"control-2", true, false, "127.0.0.1", {}},
-         {"agent-a", false, true, "127.0.0.1", {test::sim_engine("a0"), test::sim_engine("a1")}},
-         {"agent-b", false, true, "127.0.0.1", {test::sim_engine("b0"), test::sim_engine("b1")}}}) {
-    // Probes every 400 ms: detection in about a second, not the default 4 s.
-    // A replica marked down by failed requests (not its probes) is tried
-    // again after 2 s instead of 10: recovery is the probes' doing.
-    std::ofstream(c.topology_path(), std::ios::app)
-      << "\n[gateway]\nhealth_interval_ms = 400\nhealth_timeout_ms = 400\nmark_down_ms = 2000\n";
+    : nodes(
+      {{"control-1", true, false, "127.0.0.1", {}},
+       {"control-2", true, false, "127.0.0.1", {}},
+       {"agent-a", false, true, "127.0.0.1", {test::sim_engine("a0"), test::sim_engine("a1")}},
+       {"agent-b", false, true, "127.0.0.1", {test::sim_engine("b0"), test::sim_engine("b1")}}}),
+      c(nodes) {
+    std::ofstream(c.topology_path(), std::ios::app) << gateway_section;
   }
+
+  /// Probes every 400 ms: detection in about a second, not the default 4 s.
+  /// A replica marked down by failed requests (not its probes) is tried
+  /// again after 2 s instead of 10: recovery is the probes' doing.
+  static constexpr const char* gateway_section =
+    "\n[gateway]\nhealth_interval_ms = 400\nhealth_timeout_ms = 400\nmark_down_ms = 2000\n";
 
   void SetUp() override {
     for (const char* n : {"control-1", "control-2", "agent-a", "agent-b"})
@@ -309,14 +311,19 @@ protected:
     return r ? json::value_to<std::uint64_t>(r->at("resets")) : 0;
   }
 
+  std::vector<test::test_node_spec> nodes;
   test::test_cluster c;
   std::map<std::string, std::string> topology_of; ///< a node's own file ("": the cluster's)
+  std::vector<std::string> replicas = {"a0", "a1", "b0", "b1"}; ///< in the topology in force
 };
 
 /// agent-b reaches control-1 through a proxy the test can stall and cut.
 class link_faults : public faults {
 protected:
-  link_faults() : proxy(c.caf_port("control-1")) {
+  link_faults() : proxy(c.caf_port("control-1")) { write_agent_b_file(); }
+
+  /// agent-b's own file: the cluster's, with control-1 at the proxy's port.
+  void write_agent_b_file() {
     std::ifstream in(c.topology_path());
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     auto from = fmt::format("port = {}\n", c.caf_port("control-1"));
@@ -562,6 +569,47 @@ TEST_F(link_faults, a_stalled_link_ends_the_session_and_a_new_one_sends_a_full_c
 TEST_F(link_faults, a_cut_link_ends_the_session_and_a_new_one_sends_a_full_copy) {
   run("link agent to control node cut (connections closed, new ones closed at once), then restored",
       [&] { proxy.cut(); });
+}
+
+// The topology changes while agent-b is cut off from control-1: control-1
+// takes the change from its file, and agent-b's state from the full copies
+// of the session that starts once the link is back.
+TEST_F(link_faults, a_reload_while_a_link_is_cut_converges_once_it_is_back) {
+  traffic t({c.gateway_url("control-1"), c.gateway_url("control-2")});
+  ASSERT_TRUE(t.more(20));
+  auto t0 = clock_type::now();
+  proxy.cut();
+  double detected = time_until(
+    t0, [&] { return !has_state("control-1", "b0"); }, 10s);
+  ASSERT_GE(detected, 0);
+  auto changed = nodes;
+  changed[3].engines = {test::sim_engine("b0"), test::sim_engine("b2")}; // b1 leaves, b2 arrives
+  c.write_topology(changed, "cluster.toml");
+  std::ofstream(c.topology_path(), std::ios::app) << gateway_section;
+  write_agent_b_file();
+  for (const char* n : {"control-1", "control-2", "agent-a", "agent-b"})
+    c.signal(n, SIGHUP);
+  replicas = {"a0", "a1", "b0", "b2"};
+  EXPECT_TRUE(c.eventually([&] { return converged({"control-2"}); }, 30s))
+    << "control-2, still linked, follows the change\n"
+    << c.log_of("agent-b");
+  EXPECT_FALSE(has_state("control-1", "b2")) << "control-1 cannot have heard of b2's blocks yet";
+  ASSERT_TRUE(t.more(20));
+  auto t1 = clock_type::now();
+  proxy.restore();
+  double recovered = time_until(
+    t1, [&] { return converged(); }, 15s * slow_factor);
+  EXPECT_GE(recovered, 0) << c.log_of("control-1");
+  for (const char* control : {"control-1", "control-2"}) {
+    auto view = c.replicas(control);
+    ASSERT_TRUE(view.is_object());
+    for (const auto& r : view.at("replicas").as_array())
+      EXPECT_NE(r.at("replica").as_string(), "b1") << control << " still lists the removed engine";
+  }
+  for (const char* n : {"control-1", "control-2", "agent-a", "agent-b"})
+    EXPECT_EQ(c.metric(n, "llmgw_topology_reloads_total{outcome=\"applied\"}"), 1) << n;
+  ASSERT_TRUE(t.more(20));
+  finish(t, "topology reloaded while a link is cut, then the link restored", detected, recovered);
 }
 
 } // namespace
