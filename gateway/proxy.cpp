@@ -159,6 +159,7 @@ private:
     }
     // What the relay needs; the candidates' scores stay behind.
     decision_.replica = d.replica;
+    decision_.incarnation = d.incarnation; // which entry its end and failures are reported to
     decision_.url = d.url;
     decision_.tier = d.tier;
     decision_.dp_rank = d.dp_rank;
@@ -420,9 +421,16 @@ private:
     std::vector<std::pair<std::string, std::uint64_t>> down;
     {
       std::lock_guard<std::mutex> s(ctx_.stats->mtx);
-      ctx_.stats->server_errors_in_row.erase(decision_.replica);
+      auto& in_row = ctx_.stats->server_errors_in_row;
+      if (auto it = in_row.find(decision_.replica);
+          it != in_row.end() && it->second.first == decision_.incarnation)
+        in_row.erase(it);
       for (const auto& r : server_errors_) {
-        auto& n = ctx_.stats->server_errors_in_row[r.first];
+        auto& [incarnation, n] = in_row[r.first];
+        if (incarnation != r.second) { // a changed replica's new entry starts over
+          incarnation = r.second;
+          n = 0;
+        }
         if (++n >= server_errors_to_mark_down) {
           n = 0;
           down.push_back(r);

@@ -408,6 +408,87 @@ TEST_F(gateway_test, a_server_error_goes_to_another_replica_and_three_in_a_row_m
   EXPECT_NE(metrics.find("llmgw_upstream_retries_total 3\n"), std::string::npos) << metrics;
 }
 
+// A reload that changes a replica makes a new entry of it: the errors its
+// old entry answered are not the new one's (it may be another engine).
+TEST_F(gateway_test, a_changed_replica_starts_its_server_error_count_over) {
+  e0.how = fake_engine::mode::server_error;
+  int sent = 0;
+  auto one = [&] {
+    auto a = post("/v1/completions", body_ids);
+    ++sent;
+    EXPECT_EQ(a.status, 200) << "e1 answered instead: " << a.body;
+  };
+  while (e0.requests() < 2 && sent < 40)
+    one();
+  ASSERT_EQ(e0.requests(), 2u) << "two server errors: one short of being marked down";
+  auto changed = *topo;
+  for (auto& n : changed.nodes)
+    for (auto& e : n.engines)
+      if (e.replica == "e0")
+        e.lora = {"an-adapter"}; // a change: a new entry
+  plane.shared_router->apply_topology(changed);
+  while (e0.requests() < 5 && sent < 80)
+    one();
+  ASSERT_EQ(e0.requests(), 5u)
+    << "the new entry is marked down after its own three server errors, not after one";
+  for (int i = 0; i < 5; ++i)
+    one();
+  EXPECT_EQ(e0.requests(), 5u) << "and then avoided while down";
+}
+
+// A request sent to a replica's old entry ends after a reload changed the
+// replica: its end is the old entry's, not the new one's load.
+TEST_F(gateway_test, a_request_sent_before_a_change_ends_on_the_old_entry) {
+  e0.how = e1.how = fake_engine::mode::hang;
+  auto held_by_e0 = [&] {
+    std::lock_guard<std::mutex> g(e0.mtx);
+    return e0.held.size();
+  };
+  auto answer = [&](std::size_t i) {
+    std::lock_guard<std::mutex> g(e0.mtx);
+    e0.held.at(i)(http_reply{200, "application/json", R"({"id":"cmpl-1"})", {}});
+  };
+  // Sends requests until e0 holds `n` (the others wait on e1).
+  std::vector<std::unique_ptr<stream_reader>> sent;
+  std::vector<std::future<void>> ended;
+  auto until_e0_holds = [&](std::size_t n) {
+    for (int i = 0; i < 8 && held_by_e0() < n; ++i) {
+      sent.push_back(std::make_unique<stream_reader>());
+      ended.push_back(sent.back()->done.get_future());
+      stream(*sent.back(), "/v1/completions", body_ids);
+      test::eventually(
+        [&] {
+          std::lock_guard<std::mutex> g(e1.mtx);
+          return held_by_e0() + e1.held.size() >= sent.size();
+        },
+        2s);
+    }
+    return held_by_e0() == n;
+  };
+  auto ends_seen = [&] {
+    return std::count_if(ended.begin(), ended.end(), [](const std::future<void>& f) {
+      return f.wait_for(0s) == std::future_status::ready;
+    });
+  };
+  ASSERT_TRUE(until_e0_holds(1));
+  EXPECT_EQ(outstanding("e0"), 1);
+  auto changed = *topo;
+  for (auto& n : changed.nodes)
+    for (auto& e : n.engines)
+      if (e.replica == "e0")
+        e.lora = {"an-adapter"}; // a change: a new entry
+  plane.shared_router->apply_topology(changed);
+  EXPECT_EQ(outstanding("e0"), 0) << "the new entry starts with no load";
+  ASSERT_TRUE(until_e0_holds(2));
+  EXPECT_EQ(outstanding("e0"), 1) << "one request sent to the new entry";
+  answer(0); // the request sent before the change ends (the router hears first)
+  ASSERT_TRUE(test::eventually([&] { return ends_seen() == 1; }, 5s));
+  EXPECT_EQ(outstanding("e0"), 1) << "the old entry's request did not take the new entry's load";
+  answer(1);
+  ASSERT_TRUE(test::eventually([&] { return ends_seen() == 2; }, 5s));
+  EXPECT_EQ(outstanding("e0"), 0);
+}
+
 TEST_F(gateway_test, a_server_error_cut_short_leaves_nothing_in_the_next_attempts_answer) {
   e0.how = fake_engine::mode::broken_server_error;
   int sent = 0;
