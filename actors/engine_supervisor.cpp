@@ -150,6 +150,14 @@ void schedule_restart(self_ptr self) {
   self->delayed_send(self, st.backoff, start_atom::value);
 }
 
+/// After the engine's lead process is reaped: SIGKILL to what is left of its
+/// process group (vLLM's engine-core and worker processes hold GPU memory
+/// and ports), so nothing of the old engine outlives it. The group's id is
+/// not reused while a member lives; this runs right after the reap.
+void kill_remainder(pid_t group) {
+  kill(-group, SIGKILL);
+}
+
 /// SIGKILL to the engine's whole process group, and reaps the engine: the
 /// last resort of the exit hook, for a supervisor killed before its engine
 /// stopped (exit_reason::kill skips the exit handler).
@@ -188,6 +196,7 @@ void poll_stopping(self_ptr self) {
   auto& st = self->state;
   int status = 0;
   if (waitpid(st.process->pid, &status, WNOHANG) != 0) {
+    kill_remainder(st.process->pid);
     st.process->pid = 0;
     self->quit(st.stop_reason);
     return;
@@ -210,7 +219,10 @@ engine_supervisor(engine_supervisor_actor::stateful_pointer<engine_supervisor_st
   // CAF destroys the state before it runs attached functors: the functor
   // owns what it needs.
   self->attach_functor([process = self->state.process] { kill_engine(*process); });
-  self->set_exit_handler([self](caf::exit_msg& msg) { begin_stop(self, std::move(msg.reason)); });
+  self->set_exit_handler([self](caf::exit_msg& msg) {
+    if (msg.reason) // a normal exit of a linked actor is no reason to stop (CAF's default)
+      begin_stop(self, std::move(msg.reason));
+  });
   self->send(self, start_atom::value);
   self->delayed_send(self, self->state.opts.poll_interval, poll_atom::value);
   return {
@@ -250,7 +262,8 @@ engine_supervisor(engine_supervisor_actor::stateful_pointer<engine_supervisor_st
       int status = 0;
       auto r = waitpid(st.process->pid, &status, WNOHANG);
       if (r == 0)
-        return; // still running
+        return;                        // still running
+      kill_remainder(st.process->pid); // a restart must not meet its children
       LLMGW_LOG(warning, "engine " + st.opts.replica, "exited ({})",
                 r == st.process->pid ? describe_exit(status) : "lost");
       st.process->pid = 0;

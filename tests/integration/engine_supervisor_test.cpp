@@ -185,19 +185,50 @@ TEST(engine_supervisor, a_retired_engine_is_stopped_at_its_deadline) {
 namespace {
 
 /// A stand-in engine that answers SIGTERM with `on_term` (a shell trap).
-engine_supervisor_options trapping_engine(const std::string& replica, const std::string& on_term) {
+/// It runs 30 s at most (a failed test leaves nothing running for long) and
+/// `before` runs first, in the background.
+engine_supervisor_options trapping_engine(const std::string& replica, const std::string& on_term,
+                                          const std::string& before = "") {
   engine_supervisor_options opts;
   opts.replica = replica;
-  opts.launch.argv = {"/bin/sh", "-c", "trap '" + on_term + "' TERM; while :; do sleep 0.05; done"};
+  opts.launch.argv = {"/bin/sh", "-c",
+                      before + "trap '" + on_term + "' TERM; : > " + temp_path(replica + ".ready")
+                        + "; i=0; while [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done"};
   opts.poll_interval = 20ms;
+  std::remove(temp_path(replica + ".ready").c_str());
   return opts;
 }
 
-std::int64_t running_pid(caf::actor_system& sys, const engine_supervisor_actor& s) {
+/// The engine's pid once its trap is set (0 if it never was).
+std::int64_t running_pid(caf::actor_system& sys, const engine_supervisor_actor& s,
+                         const std::string& replica) {
+  auto ready = temp_path(replica + ".ready");
   std::int64_t pid = 0;
-  test::eventually([&] { return (pid = status(sys, s).first) > 0; }, 2s);
+  test::eventually(
+    [&] { return (pid = status(sys, s).first) > 0 && access(ready.c_str(), F_OK) == 0; }, 5s);
+  std::remove(ready.c_str());
   return pid;
 }
+
+/// Whether process `pid` runs (a zombie does not).
+bool alive(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(in, line))
+    return false;
+  auto state = line.rfind(") ");
+  return state != std::string::npos && line.at(state + 2) != 'Z';
+}
+
+/// Kills every supervisor at the end of a test, however it ends (their
+/// exit hook SIGKILLs an engine left running).
+struct kill_at_end {
+  std::vector<engine_supervisor_actor> supervisors;
+  ~kill_at_end() {
+    for (const auto& s : supervisors)
+      caf::anon_send_exit(s, caf::exit_reason::kill);
+  }
+};
 
 } // namespace
 
@@ -207,7 +238,8 @@ TEST(engine_supervisor, ends_only_once_its_engine_has_exited) {
   sys_config cfg;
   caf::actor_system sys{cfg};
   auto s = sys.spawn(engine_supervisor, trapping_engine("r5", "sleep 0.5; exit 0"), mirror_actor{});
-  auto pid = running_pid(sys, s);
+  kill_at_end guard{{s}};
+  auto pid = running_pid(sys, s, "r5");
   ASSERT_GT(pid, 0);
   caf::scoped_actor self{sys};
   self->monitor(s);
@@ -226,27 +258,66 @@ TEST(engine_supervisor, a_slow_stop_holds_no_scheduler_thread) {
   caf::actor_system sys{cfg};
   std::vector<engine_supervisor_actor> slow;
   std::vector<std::int64_t> pids;
+  kill_at_end guard;
   for (const char* name : {"r6", "r7"}) {
     auto opts = trapping_engine(name, ""); // ignores SIGTERM
     opts.stop_grace = 5s;
     slow.push_back(sys.spawn(engine_supervisor, opts, mirror_actor{}));
-    pids.push_back(running_pid(sys, slow.back()));
+    guard.supervisors.push_back(slow.back());
+    pids.push_back(running_pid(sys, slow.back(), name));
     ASSERT_GT(pids.back(), 0);
   }
   auto other = sys.spawn(engine_supervisor, trapping_engine("r8", "exit 0"), mirror_actor{});
-  ASSERT_GT(running_pid(sys, other), 0);
+  guard.supervisors.push_back(other);
+  ASSERT_GT(running_pid(sys, other, "r8"), 0);
   for (const auto& s : slow)
     caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
   // Each slow stop has begun once its supervisor answers after the exit.
   for (const auto& s : slow)
     status(sys, s);
-  EXPECT_GT(status(sys, other).first, 0) << "another actor answers";
+  // Well inside the 5 s grace: a stop that held both threads would answer
+  // only after it.
+  caf::scoped_actor self{sys};
+  bool answered = false;
+  self->request(other, 2s, status_atom::value)
+    .receive([&](std::int64_t, std::uint64_t) { answered = true; },
+             [&](const caf::error& e) { ADD_FAILURE() << sys.render(e); });
+  EXPECT_TRUE(answered) << "another actor answers while two engines take their grace period";
   for (auto pid : pids)
-    EXPECT_EQ(kill(static_cast<pid_t>(pid), 0), 0)
+    EXPECT_TRUE(alive(static_cast<pid_t>(pid)))
       << "while the engines ignoring SIGTERM still run, in their grace period";
   for (const auto& s : slow)
     EXPECT_TRUE(ends_within(sys, s, 15s)) << "SIGKILL at the end of the grace period";
   for (auto pid : pids)
-    EXPECT_NE(kill(static_cast<pid_t>(pid), 0), 0);
+    EXPECT_FALSE(alive(static_cast<pid_t>(pid)));
   caf::anon_send_exit(other, caf::exit_reason::user_shutdown);
+}
+
+// vLLM's engine-core and worker processes are children of the engine, in
+// its process group: when the engine is gone, none of them may still hold
+// the GPU or a port.
+TEST(engine_supervisor, nothing_of_a_stopped_engine_outlives_it) {
+  auto child_file = temp_path("r9.child");
+  std::remove(child_file.c_str());
+  sys_config cfg;
+  caf::actor_system sys{cfg};
+  // A child that ignores SIGTERM (as a busy worker may), its pid recorded.
+  auto s =
+    sys.spawn(engine_supervisor,
+              trapping_engine("r9", "exit 0",
+                              "(trap '' TERM; exec sleep 30) & echo $! > " + child_file + "; "),
+              mirror_actor{});
+  kill_at_end guard{{s}};
+  ASSERT_GT(running_pid(sys, s, "r9"), 0);
+  pid_t child = 0;
+  std::ifstream(child_file) >> child;
+  ASSERT_GT(child, 0);
+  EXPECT_TRUE(alive(child));
+  caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+  EXPECT_TRUE(ends_within(sys, s, 10s));
+  bool gone = test::eventually([&] { return !alive(child); }, 5s);
+  EXPECT_TRUE(gone) << "the engine's child was stopped with it";
+  if (!gone)
+    kill(child, SIGKILL);
+  std::remove(child_file.c_str());
 }
