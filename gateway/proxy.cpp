@@ -427,7 +427,9 @@ private:
         in_row.erase(it);
       for (const auto& r : server_errors_) {
         auto& [incarnation, n] = in_row[r.first];
-        if (incarnation != r.second) { // a changed replica's new entry starts over
+        if (r.second < incarnation)
+          continue; // a late error of an entry a reload replaced: not the new one's
+        if (r.second > incarnation) { // a changed replica's new entry starts over
           incarnation = r.second;
           n = 0;
         }

@@ -59,9 +59,9 @@ struct proxy_stats {
   /// the attempt (abandon_attempts).
   std::map<std::uint64_t, std::pair<std::string, std::function<void()>>> attempts;
   std::uint64_t next_attempt = 1;
-  /// Per replica, the entry (incarnation) that answered server errors (5xx)
-  /// since its last other answer, and how many: at
-  /// server_errors_to_mark_down it is marked down.
+  /// Per replica, its newest entry (incarnation) that answered server errors
+  /// (5xx) since its last other answer, and how many: at
+  /// server_errors_to_mark_down it is marked down. Incarnations only grow.
   std::map<std::string, std::pair<std::uint64_t, std::uint32_t>> server_errors_in_row;
 
   void append(wire::metrics_text& m) const;
