@@ -416,11 +416,28 @@ void reload_agent(caf::actor_system& sys, agent_handles& h, const agent_config& 
       self->send(caf::actor_cast<engine_supervisor_actor>(e.supervisor), drain_atom::value,
                  static_cast<std::int64_t>(retire_after.count()));
       h.retiring.push_back(
-        {e.supervisor, std::chrono::steady_clock::now() + retire_after + engine_stop_allowance});
+        {e.spec.replica, e.supervisor,
+         std::chrono::steady_clock::now() + retire_after + engine_stop_allowance});
     } else if (e.supervisor) {
       caf::anon_send_exit(e.supervisor, caf::exit_reason::user_shutdown);
       stopping.push_back(e.supervisor); // a changed engine's process holds its ports
     }
+  }
+  // A replica removed by an earlier reload and added back before its engine
+  // stopped: the new engine takes the old one's ports, so the old one stops
+  // now (its requests in flight end with it).
+  for (auto r = h.retiring.begin(); r != h.retiring.end();) {
+    bool back = std::any_of(fresh.engines.begin(), fresh.engines.end(),
+                            [&](const agent_engine_config& x) { return x.replica == r->replica; });
+    if (!back) {
+      ++r;
+      continue;
+    }
+    LLMGW_LOG(info, who + " engine " + r->replica,
+              "added back while its old engine drains: the old engine stops now");
+    caf::anon_send_exit(r->supervisor, caf::exit_reason::user_shutdown);
+    stopping.push_back(r->supervisor);
+    r = h.retiring.erase(r);
   }
   // A changed engine binds the same events port and its engine the same
   // HTTP port: the old subscribers (one poll, at most) and the old engine

@@ -91,8 +91,9 @@ struct agent_handles {
   /// Supervisors of launched engines a reload removed. Each stops its engine
   /// once the gateways' requests in flight there could finish (or when
   /// stop_agent stops it, if sooner), and ends by `gone_by`; a later reload
-  /// forgets it then.
+  /// forgets it then. A reload that adds the replica back stops it first.
   struct retiring_engine {
+    std::string replica;
     caf::actor supervisor;
     std::chrono::steady_clock::time_point gone_by;
   };

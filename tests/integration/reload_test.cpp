@@ -288,3 +288,36 @@ TEST_F(reload, a_changed_engine_restarts_on_its_ports_and_the_unchanged_one_keep
   json::object old_model{{"model", "m"}, {"prompt", "still served by s0"}, {"max_tokens", 2}};
   EXPECT_EQ(c.post("control-1", "/v1/completions", json::serialize(old_model)).status, 200);
 }
+
+// An engine removed, then added back while its old process still drains
+// (30 s by default): the new one needs the old one's ports, so the old one
+// stops first and the new one starts once.
+TEST_F(reload, a_replica_added_back_while_it_drains_starts_once) {
+  auto s1_pid = c.sim_pid("s1");
+  ASSERT_GT(s1_pid, 0);
+  auto without = nodes;
+  without[1].engines = {test::sim_engine("s0")};
+  c.write_topology(without, "cluster.toml");
+  c.signal("control-1", SIGHUP);
+  c.signal("agent-a", SIGHUP);
+  ASSERT_TRUE(c.eventually([&] { return !listed("s1") && mirrors().count("s1") == 0; }, 10s))
+    << c.log_of("agent-a");
+  EXPECT_EQ(c.sim_pid("s1"), s1_pid) << "the removed engine drains";
+  auto log_before = c.log_of("agent-a").size();
+  c.write_topology(nodes, "cluster.toml");
+  c.signal("control-1", SIGHUP);
+  c.signal("agent-a", SIGHUP);
+  EXPECT_TRUE(c.eventually(
+    [&] {
+      auto pid = c.sim_pid("s1");
+      return pid > 0 && pid != s1_pid;
+    },
+    20s))
+    << c.log_of("agent-a");
+  EXPECT_TRUE(c.eventually([&] { return in_step({"s0", "s1"}); }, 20s)) << c.log_of("agent-a");
+  auto since = c.log_of("agent-a").substr(log_before);
+  EXPECT_EQ(since.find("engine s1: exited"), std::string::npos)
+    << "the new engine met the old one on its port\n"
+    << since;
+  EXPECT_NE(since.find("added back while its old engine drains"), std::string::npos) << since;
+}
