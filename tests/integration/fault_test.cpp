@@ -593,6 +593,10 @@ TEST_F(link_faults, a_reload_while_a_link_is_cut_converges_once_it_is_back) {
   EXPECT_TRUE(c.eventually([&] { return converged({"control-2"}); }, 30s))
     << "control-2, still linked, follows the change\n"
     << c.log_of("agent-b");
+  EXPECT_TRUE(c.eventually(
+    [&] { return c.metric("control-1", "llmgw_topology_reloads_total{outcome=\"applied\"}") == 1; },
+    10s))
+    << "control-1 reloads before the link is back";
   EXPECT_FALSE(has_state("control-1", "b2")) << "control-1 cannot have heard of b2's blocks yet";
   ASSERT_TRUE(t.more(20));
   auto t1 = clock_type::now();
