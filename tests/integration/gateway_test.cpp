@@ -436,6 +436,51 @@ TEST_F(gateway_test, a_changed_replica_starts_its_server_error_count_over) {
   EXPECT_EQ(e0.requests(), 5u) << "and then avoided while down";
 }
 
+// A request sent to a replica's old entry can fail after a reload changed the
+// replica: that server error is the old entry's and leaves the new entry's
+// count alone.
+TEST_F(gateway_test, a_late_server_error_of_an_old_entry_leaves_the_new_count_alone) {
+  e0.how = fake_engine::mode::hang;
+  std::vector<std::unique_ptr<stream_reader>> sent;
+  auto send_one = [&] {
+    sent.push_back(std::make_unique<stream_reader>());
+    stream(*sent.back(), "/v1/completions", body_ids);
+    return test::eventually([&] { return e0.requests() + e1.requests() >= sent.size(); }, 2s);
+  };
+  while (e0.requests() < 1 && sent.size() < 8)
+    ASSERT_TRUE(send_one());
+  ASSERT_EQ(e0.requests(), 1u) << "e0 holds one request of its old entry";
+  auto changed = *topo;
+  for (auto& n : changed.nodes)
+    for (auto& e : n.engines)
+      if (e.replica == "e0")
+        e.lora = {"an-adapter"}; // a change: a new entry
+  plane.shared_router->apply_topology(changed);
+  e0.how = fake_engine::mode::server_error;
+  int posted = 0;
+  auto one = [&] {
+    auto a = post("/v1/completions", body_ids);
+    ++posted;
+    EXPECT_EQ(a.status, 200) << "e1 answered instead: " << a.body;
+  };
+  while (e0.requests() < 3 && posted < 40)
+    one();
+  ASSERT_EQ(e0.requests(), 3u) << "two server errors of the new entry";
+  auto retried = e1.requests();
+  {
+    std::lock_guard<std::mutex> g(e0.mtx);
+    e0.held.at(0)(http_reply{500, "application/json", R"({"error":{"message":"late"}})", {}});
+  }
+  ASSERT_TRUE(test::eventually([&] { return e1.requests() > retried; }, 5s))
+    << "the old entry's late error is retried on e1";
+  while (e0.requests() < 4 && posted < 80)
+    one();
+  ASSERT_EQ(e0.requests(), 4u) << "the new entry's third server error";
+  for (int i = 0; i < 5; ++i)
+    one();
+  EXPECT_EQ(e0.requests(), 4u) << "marked down after its own three in a row";
+}
+
 // A request sent to a replica's old entry ends after a reload changed the
 // replica: its end is the old entry's, not the new one's load.
 TEST_F(gateway_test, a_request_sent_before_a_change_ends_on_the_old_entry) {
