@@ -474,10 +474,14 @@ control_actor::behavior_type control(control_actor::stateful_pointer<control_sta
         return;
       auto& a = *from.a;
       if (a.pending.size() >= st.opts.pending_limit) {
+        // Not acked: an ack says the update was applied, and the agent would
+        // never send it again. The attempt ends; a new session sends full
+        // copies, so nothing is lost.
         refuse(self, u.node, "pending_full", u.replica,
                "too many updates while the session is being checked");
-        self->send(a.forwarder, session_ack{u.session, u.seq});
-        return;
+        return refuse_attempt(self, u.session, "pending_full",
+                              std::to_string(a.pending.size())
+                                + " updates arrived while the session was being checked");
       }
       a.pending.push_back(u);
     },

@@ -7,8 +7,10 @@
 //   handshake of config/node_identity.hpp: CAF's TLS accepts any certificate
 //   of the cluster's CA and does not say which), and, unless disabled,
 //   connects from an address of that node's host. Updates that arrive while
-//   the address is being looked up wait, bounded. A refused session is told
-//   why, so the agent's log says so.
+//   the address is being looked up wait, up to pending_limit; one more ends
+//   the attempt unacked (an ack would say it was applied), and the agent's
+//   next session sends full copies. A refused session is told why, so the
+//   agent's log says so.
 // - Until then nothing changes: a hello or proof that fails, or a session
 //   attempt that never finishes (forgotten after handshake_timeout), leaves
 //   the node's current session as it was. Attempts in progress are bounded.
@@ -18,8 +20,8 @@
 // - An update is refused, counted and logged once per burst of (node, reason) unless
 //   it comes from the node's current forwarder within its current session,
 //   carries that session's MAC, and is for a replica that node owns, with
-//   kv_events on and a rank below dp_size. Refused updates of the session
-//   are acknowledged too: the agent's window must not stall. An update for a
+//   kv_events on and a rank below dp_size. Updates refused for what they
+//   claim are acknowledged too: the agent's window must not stall. An update for a
 //   session this node does not know is answered with a refusal, so the
 //   forwarder that sent it starts a new session.
 // - When an agent's forwarder goes down (its node died or was cut off), that

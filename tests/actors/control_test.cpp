@@ -363,6 +363,36 @@ TEST_F(control_test, a_new_session_replaces_the_old_one) {
   EXPECT_EQ((drops[{"a0", routing::drop_reason::session}]), 1u);
 }
 
+// An update the control node cannot hold is never acked: the agent would
+// take it as applied and never send it again, leaving the index behind its
+// mirror. The attempt ends instead, and the next session sends full copies.
+TEST_F(control_test, updates_beyond_what_a_session_being_checked_holds_end_it_unacked) {
+  auto a = forwarder_for("agent-a", 7);
+  auto share = config::key_share::make();
+  caf::send_as(a.fwd, ctl, agent_hello{a.node, a.session, {}, share->nonce(), share->public_key()},
+               a.fwd);
+  sched.run();
+  ASSERT_EQ(a.log->proofs.size(), 1u);
+  auto t = transcript(a, *share, a.log->proofs.back());
+  a.key = *share->session_key(a.log->proofs.back().key_share, t);
+  // Proven, not yet accepted: as while the control node asks where the
+  // connection comes from (a real middleman answers that; none here).
+  control_st().attempts.at(a.session).key = a.key;
+  for (wire::block_key k = 1; k <= 5; ++k) // the limit is 4
+    send(a, "a0", {k}, k == 1);
+  EXPECT_TRUE(a.log->acks.empty()) << "nothing was applied, nothing is acked";
+  ASSERT_EQ(a.log->refusals.size(), 1u) << "the forwarder is told, so it starts over";
+  EXPECT_EQ(a.log->refusals[0], "4 updates arrived while the session was being checked");
+  EXPECT_EQ(control_st().attempts.count(a.session), 0u) << "the attempt ends";
+  EXPECT_EQ(control_st().sessions_refused["pending_full"], 1u);
+  EXPECT_EQ(refused("agent-a", "pending_full"), 1u);
+  EXPECT_EQ(blocks_of("a0"), 0u);
+  auto again = connect("agent-a", 8);
+  send(again, "a0", {1, 2, 3, 4, 5});
+  EXPECT_EQ(blocks_of("a0"), 5u) << "the next session's full copy holds everything";
+  ASSERT_FALSE(again.log->acks.empty());
+}
+
 TEST_F(control_test, an_agent_going_away_drops_its_replicas_at_once) {
   auto a = connect("agent-a", 1);
   auto b = connect("agent-b", 2);
