@@ -106,6 +106,9 @@ void subscriber(caf::blocking_actor* self, const std::shared_ptr<kv_event_socket
           LLMGW_LOG(info, who, "the engine's replay endpoint moved to {}", *moved);
         else
           LLMGW_LOG(warning, who, "gaps will not be filled by replay: {}", error);
+        // A gap with no endpoint to ask resets at once, rather than waiting
+        // replay_timeout for an answer that cannot come.
+        stream.set_replay_available(socket->has_replay());
         stats->replay = socket->has_replay();
       }
     socket->wait(opts.poll_interval);

@@ -87,6 +87,11 @@ public:
   /// Time passed: gives up on a replay past its deadline.
   std::vector<stream_action> on_tick(clock::time_point now);
 
+  /// Whether a gap can ask the engine's replay endpoint from now on (the
+  /// endpoint moved, or connecting to it failed). A replay under way still
+  /// ends by its reply or its deadline.
+  void set_replay_available(bool available) noexcept { cfg_.replay_available = available; }
+
   /// True while waiting for a replay to end.
   bool replaying() const noexcept { return replay_.has_value(); }
 

@@ -99,14 +99,17 @@ struct agent_path {
   std::shared_ptr<subscriber_stats> stats = std::make_shared<subscriber_stats>();
   std::string endpoint;
 
-  explicit agent_path(const std::string& topic, const std::string& replay = "") {
+  explicit agent_path(const std::string& topic, const std::string& replay = "",
+                      std::shared_ptr<replay_address> moves = nullptr,
+                      std::chrono::milliseconds replay_timeout = 2000ms) {
     mirror = sys.spawn(llmgw::mirror, std::string("r0"), std::uint32_t{0},
                        std::optional<kv::parity_config>(kv::parity_config{"0", 16}), nullptr);
     subscriber_options opts;
     opts.replica = "r0";
     opts.topic = topic;
     opts.replay = replay;
-    opts.replay_timeout = 2000ms;
+    opts.replay_timeout = replay_timeout;
+    opts.replay_moves = std::move(moves);
     auto bound = open_subscriber(opts);
     EXPECT_TRUE(bound.socket) << bound.error;
     endpoint = bound.endpoint;
@@ -221,6 +224,30 @@ TEST(agent_stream, replay_fills_a_gap_without_reset) {
   EXPECT_EQ(path.stats->gaps_filled.load(), 1u);
   EXPECT_EQ(state.epoch, 0u) << "filled by replay: no reset";
   EXPECT_EQ(as_set(state), c.expected);
+}
+
+// A replay endpoint that moved where the subscriber cannot connect fills
+// no gap: the next gap resets at once, not after replay_timeout (a minute
+// here) spent waiting for an answer that cannot come.
+TEST(agent_stream, a_gap_after_the_replay_was_lost_resets_at_once) {
+  auto c = load("S3_lora_salt.array.bytes.json");
+  llmgw::test::replay_service<frame> replay(c.frames);
+  auto moves = std::make_shared<replay_address>();
+  agent_path path(c.topic, replay.endpoint(), moves, 60s);
+  ASSERT_TRUE(test::eventually([&] { return path.stats->replay.load(); }, 10s))
+    << "the subscriber connects to the replay endpoint first";
+  moves->set("not an endpoint");
+  ASSERT_TRUE(test::eventually([&] { return !path.stats->replay.load(); }, 10s))
+    << "the subscriber reads the move between polls";
+  publisher pub(path.endpoint);
+  for (const auto& f : c.frames)
+    if (f.seq != 2 && f.seq != 3)
+      pub.send(f, f.seq);
+  ASSERT_TRUE(path.wait_for_messages(c.frames.size() - 2));
+  EXPECT_TRUE(test::eventually([&] { return path.snapshot().epoch == 1; }, 10s))
+    << "the gap reset the mirror without waiting for a replay";
+  EXPECT_EQ(path.stats->gaps_filled.load(), 0u);
+  EXPECT_EQ(as_set(path.snapshot()), reference(c, 4)) << "what frames 4.. stored and kept";
 }
 
 // The whole agent path: publisher -> subscriber -> mirror -> forwarder ->
