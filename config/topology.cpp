@@ -489,10 +489,10 @@ void read_gateway(checker& c, const toml::value& doc, gateway_settings& g) {
   }
   c.only_keys(*gw, "[gateway]",
               {"max_body_bytes", "max_header_bytes", "read_timeout_ms", "idle_timeout_ms",
-               "request_timeout_ms", "connect_timeout_ms", "max_connections",
-               "max_connections_per_client", "max_buffered_body_mib", "max_attempts",
-               "mark_down_ms", "health_interval_ms", "health_timeout_ms", "drain_timeout_ms",
-               "threads"});
+               "request_timeout_ms", "connect_timeout_ms", "first_byte_timeout_ms",
+               "max_connections", "max_connections_per_client", "max_buffered_body_mib",
+               "max_attempts", "mark_down_ms", "health_interval_ms", "health_timeout_ms",
+               "drain_timeout_ms", "threads"});
   c.read_number(*gw, "gateway", "max_body_bytes", 1024, std::int64_t{1} << 30, g.max_body_bytes);
   c.read_number(*gw, "gateway", "max_buffered_body_mib", 1, 1 << 20, g.max_buffered_body_mib);
   if (g.max_buffered_body_mib << 20 < g.max_body_bytes)
@@ -504,6 +504,12 @@ void read_gateway(checker& c, const toml::value& doc, gateway_settings& g) {
   c.read_ms(*gw, "gateway", "idle_timeout_ms", 100, 3600000, g.idle_timeout);
   c.read_ms(*gw, "gateway", "request_timeout_ms", 100, 86400000, g.request_timeout);
   c.read_ms(*gw, "gateway", "connect_timeout_ms", 10, 600000, g.connect_timeout);
+  c.read_ms(*gw, "gateway", "first_byte_timeout_ms", 0, 86400000, g.first_byte_timeout);
+  if (g.first_byte_timeout.count() > 0 && g.first_byte_timeout.count() < 100)
+    c.problem(*c.find(*gw, "first_byte_timeout_ms"),
+              fmt::format("[gateway] first_byte_timeout_ms = {} is shorter than any engine "
+                          "answers: 0 (none) or at least 100",
+                          g.first_byte_timeout.count()));
   c.read_number(*gw, "gateway", "max_connections", 1, 1000000, g.max_connections);
   c.read_number(*gw, "gateway", "max_connections_per_client", 0, 1000000,
                 g.max_connections_per_client);

@@ -126,6 +126,12 @@ struct gateway_settings {
   std::chrono::milliseconds idle_timeout{60000};     ///< a keep-alive connection's silence
   std::chrono::milliseconds request_timeout{600000}; ///< a whole proxied request
   std::chrono::milliseconds connect_timeout{2000};   ///< to connect to a replica
+  /// A streamed request's replica must begin its answer (the response head)
+  /// this long after the request was sent, else it is tried elsewhere (0:
+  /// no such deadline). vLLM sends a stream's head before scheduling it, so
+  /// a head that does not come means the engine's server is stuck. Not for
+  /// whole answers: their head comes only when the answer is done.
+  std::chrono::milliseconds first_byte_timeout{30000};
   std::size_t max_connections = 4096;
   /// Open connections from one client address (0: no cap). Behind a load
   /// balancer that connects from one address, raise it or set 0.

@@ -27,6 +27,10 @@ namespace {
 
 namespace json = boost::json;
 
+/// How long cut requests get to write their last words once the drain
+/// deadline passed: their upstream calls end on the loops at once.
+constexpr std::chrono::milliseconds cut_allowance{2000};
+
 /// /v1/models: every model and LoRA adapter of the topology's engines.
 std::string models_json_of(const config::topology& topo) {
   json::array data;
@@ -153,8 +157,18 @@ void gateway::stop() {
 
 bool gateway::drain(std::chrono::milliseconds timeout) {
   draining_ = true;
+  auto idle = [this] { return stats_->in_flight == 0; };
+  {
+    std::unique_lock<std::mutex> g(stats_->mtx);
+    if (stats_->idle.wait_for(g, timeout, idle))
+      return true;
+  }
+  // The deadline passed: what is still in flight ends now, each stream with
+  // an error event its client notices, before stop() closes connections.
+  cut_in_flight(*stats_);
   std::unique_lock<std::mutex> g(stats_->mtx);
-  return stats_->idle.wait_for(g, timeout, [this] { return stats_->in_flight == 0; });
+  stats_->idle.wait_for(g, cut_allowance, idle);
+  return false;
 }
 
 std::shared_ptr<http_client> gateway::upstream_here() const {

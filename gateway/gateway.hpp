@@ -74,8 +74,9 @@ public:
 
   /// Stops taking requests (new ones get 503; /healthz and /readyz say
   /// draining, so load balancers send elsewhere) and waits until those in
-  /// flight are done, streams included: true, or `timeout` passed: false.
-  /// stop() afterwards.
+  /// flight are done, streams included: true. Or `timeout` passed: those
+  /// still in flight are cut (cut_in_flight: a stream ends with an error
+  /// event, not as if whole), then false. stop() afterwards.
   bool drain(std::chrono::milliseconds timeout);
 
   /// Puts a reloaded topology in force for requests that start from now

@@ -142,6 +142,12 @@ private:
   }
 
   void on_decision(const routing::route_decision& d) {
+    if (stopping()) { // decided while the gateway was being stopped: never sent
+      if (!d.replica.empty())
+        ctx_.plane.shared_router->finished(routing::progress_of(d), false);
+      std::unique_lock<std::mutex> g(mtx_);
+      return end_at_stop(g);
+    }
     if (d.replica.empty() && relay_held()) // every replica was tried: the last server error
       return;
     if (d.replica.empty()) {
@@ -202,9 +208,13 @@ private:
       return;
     }
     sent_ = std::chrono::steady_clock::now();
-    call_ =
-      upstream->call("POST", d.url, path_, req_.body, headers, ctx_.topo->gateway.connect_timeout,
-                     ctx_.topo->gateway.request_timeout, std::move(h));
+    // A stream's head comes before the engine schedules it (vLLM's): one
+    // that does not come in first_byte_timeout is a stuck engine, tried
+    // elsewhere as nothing was relayed. A whole answer's head is its end.
+    call_ = upstream->call(
+      "POST", d.url, path_, req_.body, headers, ctx_.topo->gateway.connect_timeout,
+      ctx_.topo->gateway.request_timeout, std::move(h),
+      routing_.stream ? ctx_.topo->gateway.first_byte_timeout : std::chrono::milliseconds{0});
     // Held by the gateway until it ends: if the replica's health probes
     // fail meanwhile, the attempt is abandoned (abandon_attempts).
     std::weak_ptr<proxied> weak = self;
@@ -325,6 +335,8 @@ private:
       count(status);
       return;
     }
+    if (stopping()) // cut_in_flight: the gateway stops; no replica is to blame
+      return end_at_stop(g);
     // The replica failed.
     const char* reason = abandoned                           ? "replica_down"
                          : err.kind == http_failure::connect ? "connect"
@@ -466,6 +478,36 @@ private:
     return true;
   }
 
+  bool stopping() const {
+    std::lock_guard<std::mutex> s(ctx_.stats->mtx);
+    return ctx_.stats->stopping;
+  }
+
+  /// The gateway stops before the answer is done (its drain deadline
+  /// passed): a stream under way ends as failed, the way a client notices
+  /// (an error event, then no last chunk); anything else is answered 503.
+  void end_at_stop(std::unique_lock<std::mutex>& g) {
+    if (gone_)
+      return;
+    {
+      std::lock_guard<std::mutex> s(ctx_.stats->mtx);
+      ++ctx_.stats->cut_at_stop;
+    }
+    const std::string why = "the gateway stopped before the answer was done (its drain deadline "
+                            "passed): send the request again";
+    if (head_ && streaming_) {
+      stream_->write("data: " + wire::openai_error_json(why, "ServiceUnavailableError", 503)
+                     + "\n\n");
+      stream_->fail();
+      auto status = status_;
+      g.unlock();
+      count(status);
+      return;
+    }
+    g.unlock();
+    finish_error(503, "ServiceUnavailableError", why);
+  }
+
   void client_left() {
     std::lock_guard<std::mutex> g(mtx_);
     if (gone_)
@@ -561,6 +603,10 @@ void proxy_stats::append(wire::metrics_text& m) const {
             static_cast<double>(retries));
   m.counter("llmgw_client_disconnects_total", "Clients that left before their answer was done.",
             static_cast<double>(client_disconnects));
+  m.counter("llmgw_gateway_requests_cut_at_stop_total",
+            "Requests still in flight when the gateway stopped at its drain deadline: streams "
+            "ended with an error event, others answered 503.",
+            static_cast<double>(cut_at_stop));
   m.histogram("llmgw_gateway_first_byte_seconds",
               "From the request to the first byte relayed (time to first token, streamed).",
               first_byte_seconds);
@@ -583,6 +629,18 @@ void proxy_stats::append(wire::metrics_text& m) const {
               "predicted: blocks evicted before their event arrived, or events lost.",
               static_cast<double>(a.shortfalls), r);
   }
+}
+
+void cut_in_flight(proxy_stats& stats) {
+  std::vector<std::function<void()>> ends;
+  {
+    std::lock_guard<std::mutex> g(stats.mtx);
+    stats.stopping = true;
+    for (const auto& [id, attempt] : stats.attempts)
+      ends.push_back(attempt.second);
+  }
+  for (const auto& end : ends) // outside the lock: each takes its request's
+    end();
 }
 
 void abandon_attempts(proxy_stats& stats, const std::string& replica) {

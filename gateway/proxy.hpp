@@ -38,6 +38,8 @@ struct proxy_stats {
   std::map<std::pair<std::string, std::string>, std::uint64_t> failures; ///< (replica, reason)
   std::uint64_t retries = 0;
   std::uint64_t client_disconnects = 0;
+  std::uint64_t cut_at_stop = 0;      ///< requests ended by cut_in_flight
+  bool stopping = false;              ///< cut_in_flight was called: nothing more is sent
   wire::histogram first_byte_seconds; ///< request in -> first upstream byte out
   wire::histogram total_seconds;      ///< request in -> response done
   /// The index's accuracy on live traffic, per replica, from tier-kv answers
@@ -83,6 +85,11 @@ struct proxy_context {
 /// those that relayed nothing go to another replica, streams under way end
 /// as failed (llmgw_upstream_failures_total{reason="replica_down"}).
 void abandon_attempts(proxy_stats& stats, const std::string& replica);
+
+/// The gateway stops with requests in flight (its drain deadline passed):
+/// every attempt is ended, streams under way with an error event and no
+/// last chunk, the others with a 503; requests not yet sent are not sent.
+void cut_in_flight(proxy_stats& stats);
 
 /// Proxies one request to /v1/completions or /v1/chat/completions (`path`).
 void proxy_request(const proxy_context& ctx, http_request&& req, http_responder respond,

@@ -4,6 +4,8 @@
 
 #include "net/io_loop_impl.hpp"
 
+#include <cstdint>
+
 #include <boost/asio/connect.hpp>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/executor_work_guard.hpp>
@@ -139,11 +141,11 @@ public:
                  const std::string& target, std::string body,
                  const std::vector<std::pair<std::string, std::string>>& headers,
                  std::chrono::milliseconds connect_timeout, std::chrono::milliseconds timeout,
-                 http_call_handlers handlers)
+                 http_call_handlers handlers, std::chrono::milliseconds head_timeout)
     : io_(io), pool_(std::move(pool)), deadline_timer_(io), host_(std::move(host)),
       port_(std::move(port)), key_(host_ + ":" + port_), connect_timeout_(connect_timeout),
-      deadline_(std::chrono::steady_clock::now() + timeout), handlers_(std::move(handlers)),
-      body_(std::move(body)) {
+      head_timeout_(head_timeout), deadline_(std::chrono::steady_clock::now() + timeout),
+      handlers_(std::move(handlers)), body_(std::move(body)) {
     // The head by hand: Beast's message would allocate a node per field
     // and serialize them again.
     head_.reserve(128 + target.size());
@@ -204,10 +206,13 @@ private:
   /// operation in progress ends as timed out.
   void arm(std::chrono::steady_clock::time_point when) {
     std::weak_ptr<streaming_call> weak = shared_from_this();
+    // A wait that fired just before it was re-armed still runs: its
+    // generation tells it that it no longer counts.
+    auto generation = ++armed_;
     deadline_timer_.expires_at(when);
-    deadline_timer_.async_wait([weak](const beast::error_code& ec) {
+    deadline_timer_.async_wait([weak, generation](const beast::error_code& ec) {
       auto self = weak.lock();
-      if (ec || !self || self->done_)
+      if (ec || !self || self->done_ || generation != self->armed_)
         return;
       self->timed_out_ = true;
       if (self->resolver_)
@@ -255,7 +260,15 @@ private:
     bool connecting = std::string_view(what) == "resolve" || std::string_view(what) == "connect";
     auto kind = connecting ? http_failure::connect
                            : (timed_out_ ? http_failure::timeout : http_failure::broken);
+    if (timed_out_ && !connecting && !got_head_ && head_timed())
+      return {kind, std::string(what) + ": no answer began within "
+                      + std::to_string(head_timeout_.count()) + " ms"};
     return {kind, std::string(what) + (timed_out_ ? ": timed out" : ": " + ec.message())};
+  }
+
+  /// Whether the head's deadline came before the whole call's.
+  bool head_timed() const noexcept {
+    return head_timeout_.count() > 0 && head_deadline_ < deadline_;
   }
 
   /// A pooled connection the upstream closed meanwhile fails at once: that
@@ -269,6 +282,10 @@ private:
   }
 
   void write() {
+    if (head_timeout_.count() > 0) { // from now on the head is awaited
+      head_deadline_ = std::min(deadline_, std::chrono::steady_clock::now() + head_timeout_);
+      arm(head_deadline_);
+    }
     auto self = shared_from_this();
     std::array<asio::const_buffer, 2> out{asio::buffer(head_), asio::buffer(body_)};
     asio::async_write(stream_->socket, out, [self](beast::error_code ec, std::size_t) {
@@ -297,6 +314,8 @@ private:
           return self->finish(self->describe("read", ec));
         }
         self->got_head_ = true; // the request arrived: never resent
+        if (self->head_timeout_.count() > 0)
+          self->arm(self->deadline_); // the rest has the whole call's deadline
         auto status = self->parser_->get().result_int();
         if (status >= 200)
           return self->on_head();
@@ -366,6 +385,9 @@ private:
   std::string port_;
   std::string key_;
   std::chrono::milliseconds connect_timeout_;
+  std::chrono::milliseconds head_timeout_; ///< 0: the head has the whole call's deadline
+  std::chrono::steady_clock::time_point head_deadline_;
+  std::uint64_t armed_ = 0; ///< arm() calls: only the last one's wait counts
   std::chrono::steady_clock::time_point deadline_;
   http_call_handlers handlers_;
   std::string head_;
@@ -454,7 +476,7 @@ std::shared_ptr<http_call>
 http_client::call(const std::string& method, const std::string& base_url, const std::string& target,
                   std::string body, const std::vector<std::pair<std::string, std::string>>& headers,
                   std::chrono::milliseconds connect_timeout, std::chrono::milliseconds timeout,
-                  http_call_handlers handlers) {
+                  http_call_handlers handlers, std::chrono::milliseconds head_timeout) {
   auto url = wire::parse_http_url(base_url);
   if (!url || http::string_to_verb(method) == http::verb::unknown) {
     if (handlers.on_done)
@@ -462,9 +484,9 @@ http_client::call(const std::string& method, const std::string& base_url, const 
                         "not an http://HOST:PORT URL or HTTP method: " + base_url + " " + method});
     return nullptr;
   }
-  auto c = std::make_shared<streaming_call>(impl_->io(), impl_->pool, method, std::move(url->host),
-                                            std::to_string(url->port), target, std::move(body),
-                                            headers, connect_timeout, timeout, std::move(handlers));
+  auto c = std::make_shared<streaming_call>(
+    impl_->io(), impl_->pool, method, std::move(url->host), std::to_string(url->port), target,
+    std::move(body), headers, connect_timeout, timeout, std::move(handlers), head_timeout);
   c->start();
   return c;
 }

@@ -88,12 +88,14 @@ public:
 
   /// Streams a request's response: the body is handed on piece by piece as
   /// it arrives (server-sent events stay events). `connect_timeout` bounds
-  /// connecting; `timeout` the whole call.
+  /// connecting; `timeout` the whole call; `head_timeout`, when not 0, the
+  /// wait for the response head once the request is sent (a timeout too).
   std::shared_ptr<http_call> call(const std::string& method, const std::string& base_url,
                                   const std::string& target, std::string body,
                                   const std::vector<std::pair<std::string, std::string>>& headers,
                                   std::chrono::milliseconds connect_timeout,
-                                  std::chrono::milliseconds timeout, http_call_handlers handlers);
+                                  std::chrono::milliseconds timeout, http_call_handlers handlers,
+                                  std::chrono::milliseconds head_timeout = {});
 
 private:
   struct impl;

@@ -204,10 +204,15 @@ struct gateway_test : ::testing::Test {
   struct stream_reader {
     std::mutex mtx;
     std::string got;
+    std::string error; ///< how the read ended ("" when whole)
     std::promise<void> done;
     std::string text() {
       std::lock_guard<std::mutex> g(mtx);
       return got;
+    }
+    std::string ended() {
+      std::lock_guard<std::mutex> g(mtx);
+      return error;
     }
   };
   void stream(stream_reader& r, const std::string& path, const std::string& body) {
@@ -217,7 +222,13 @@ struct gateway_test : ::testing::Test {
                    std::lock_guard<std::mutex> g(r.mtx);
                    r.got += d;
                  },
-                 [&r](const http_error&) { r.done.set_value(); }});
+                 [&r](const http_error& e) {
+                   {
+                     std::lock_guard<std::mutex> g(r.mtx);
+                     r.error = e.message;
+                   }
+                   r.done.set_value();
+                 }});
   }
 
   /// The gateway's /metrics text.
@@ -361,12 +372,44 @@ TEST_F(gateway_test, a_drain_refuses_new_requests_and_lets_a_stream_in_flight_fi
     << "the stream ended whole: " << r.text();
 }
 
-TEST_F(gateway_test, a_drain_gives_up_at_its_deadline) {
+TEST_F(gateway_test, a_drain_gives_up_at_its_deadline_and_answers_what_is_left) {
   e0.how = e1.how = fake_engine::mode::hang;
-  auto call = client.call("POST", base(), "/v1/completions", body_ids, {}, 2s, 10s, {});
+  std::promise<http_response> p;
+  client.request("POST", base(), "/v1/completions", body_ids, 10s,
+                 [&p](http_response r) { p.set_value(std::move(r)); });
   ASSERT_TRUE(test::eventually([&] { return e0.requests() + e1.requests() == 1; }));
   EXPECT_FALSE(gw->drain(100ms)) << "the engine never answers";
-  call->cancel();
+  auto f = p.get_future();
+  ASSERT_EQ(f.wait_for(10s), std::future_status::ready) << "not left hanging";
+  auto a = f.get();
+  EXPECT_EQ(a.status, 503) << a.body;
+  EXPECT_NE(a.body.find("drain deadline"), std::string::npos) << a.body;
+  EXPECT_EQ(e0.requests() + e1.requests(), 1u) << "not sent anywhere else";
+}
+
+// A stream still on when the drain deadline passes must not look whole: an
+// error event in OpenAI's shape, then no last chunk (issue 14 saw a clean
+// end of all 8 streams a SIGTERM'd control node had in flight).
+TEST_F(gateway_test, a_stream_still_on_at_the_drain_deadline_ends_as_a_failure) {
+  e0.how = e1.how = fake_engine::mode::sse;
+  stream_reader r;
+  stream(r, "/v1/completions", R"({"model": "m", "prompt": "hi", "stream": true})");
+  ASSERT_TRUE(test::eventually([&] { return !r.text().empty(); }));
+  EXPECT_FALSE(gw->drain(100ms)) << "the engine holds its second event back";
+  ASSERT_EQ(r.done.get_future().wait_for(10s), std::future_status::ready);
+  auto text = r.text();
+  const std::string relayed = "data: {\"n\":1}\n\n";
+  ASSERT_EQ(text.rfind(relayed, 0), 0u) << text;
+  auto rest = text.substr(relayed.size());
+  ASSERT_EQ(rest.rfind("data: ", 0), 0u) << rest;
+  ASSERT_GE(rest.size(), 8u);
+  auto event = json::parse(rest.substr(6, rest.size() - 8));
+  EXPECT_EQ(event.at("error").at("code"), 503) << rest;
+  EXPECT_EQ(text.find("[DONE]"), std::string::npos);
+  EXPECT_FALSE(r.ended().empty()) << "no last chunk: the client's read fails";
+  EXPECT_NE(get_metrics().find("llmgw_gateway_requests_cut_at_stop_total 1\n"), std::string::npos);
+  e0.release.set_value();
+  e1.release.set_value();
 }
 
 TEST_F(gateway_test, a_replica_that_refuses_is_skipped_and_marked_down) {
@@ -807,6 +850,39 @@ TEST_F(interim_gateway_test, expect_is_answered_by_the_gateway_and_never_forward
   EXPECT_EQ(heads[0].find("x-secret"), std::string::npos)
     << "a header the Connection header names is for one hop only: " << heads[0];
   EXPECT_NE(heads[0].find("x-kept: yes"), std::string::npos) << heads[0];
+}
+
+namespace {
+
+/// Streams' replicas must begin their answers within 300 ms.
+struct gateway_first_byte_test : gateway_test {
+  void adjust(config::topology& t) const override { t.gateway.first_byte_timeout = 300ms; }
+};
+
+} // namespace
+
+// A replica that takes a stream and never begins its answer (no head: its
+// server is stuck) is given up on at the first-byte deadline, and the
+// stream goes to another replica, as nothing was relayed. Issue 14 saw
+// such requests wait 6-9 s, and up to request_timeout_ms (10 minutes)
+// with no health probes.
+TEST_F(gateway_first_byte_test, a_stream_whose_replica_never_begins_goes_elsewhere) {
+  e0.how = fake_engine::mode::hang;
+  e1.how = fake_engine::mode::sse;
+  e1.release.set_value();
+  const std::string stream = R"({"model": "m", "prompt": "x", "stream": true})";
+  for (int i = 0; i < 4 && e0.requests() == 0; ++i) { // equal costs go in turn
+    auto a = post("/v1/completions", stream);
+    EXPECT_EQ(a.status, 200) << a.body;
+    EXPECT_NE(a.body.find("data: [DONE]"), std::string::npos) << "whole, from e1: " << a.body;
+    EXPECT_NE(a.headers.find("x-llmgw-replica: e1"), std::string::npos) << a.headers;
+  }
+  ASSERT_EQ(e0.requests(), 1u) << "one stream was sent to e0 first";
+  auto metrics = get_metrics();
+  EXPECT_NE(metrics.find("llmgw_upstream_failures_total{replica=\"e0\",reason=\"timeout\"} 1\n"),
+            std::string::npos)
+    << metrics;
+  EXPECT_NE(metrics.find("llmgw_upstream_retries_total 1\n"), std::string::npos);
 }
 
 namespace {

@@ -254,6 +254,11 @@ TEST(topology, numbers_out_of_range) {
                           "router.hot_spot_threshold is gone"));
   EXPECT_TRUE(has_problem(problems_of(valid_text() + "[gateway]\nhealth_interval_ms = 10\n"), 0,
                           "health_interval_ms = 10 probes too often"));
+  EXPECT_TRUE(has_problem(problems_of(valid_text() + "[gateway]\nfirst_byte_timeout_ms = 50\n"), 0,
+                          "first_byte_timeout_ms = 50 is shorter than any engine answers"));
+  auto none = parse(valid_text() + "[gateway]\nfirst_byte_timeout_ms = 0\n");
+  ASSERT_TRUE(none.value) << "0: no first-byte deadline";
+  EXPECT_EQ(none.value->gateway.first_byte_timeout.count(), 0);
   EXPECT_TRUE(has_problem(problems_of(valid_text() + "[router]\ndistrust_shortfall_share = 1.5\n"),
                           0, "distrust_shortfall_share = 1.5 must be between 0 and 1"));
 }
