@@ -271,6 +271,7 @@ agent_engine start_engine(caf::actor_system& sys, const agent_config& cfg,
       };
     // The supervisor resets rank 0's mirror on exit; the other ranks' streams
     // restart at seq 0 when the engine comes back, which resets them too.
+    out.counters = so.counters;
     out.supervisor = caf::actor_cast<caf::actor>(sys.spawn(engine_supervisor, so, mirrors[0]));
   }
   return out;
@@ -516,6 +517,13 @@ void append_agent_metrics(wire::metrics_text& m, const agent_handles& handles) {
                 static_cast<double>(n), with_reason(who, reason));
     m.counter("llmgw_agent_event_gaps_total", "Gaps in the engine's event stream.",
               static_cast<double>(s.stats->gaps.load()), who);
+    m.counter("llmgw_agent_event_gaps_filled_total",
+              "Gaps filled from the engine's replay endpoint (the mirror was not reset).",
+              static_cast<double>(s.stats->gaps_filled.load()), who);
+    m.counter("llmgw_agent_event_stream_restarts_total",
+              "Times the engine's event stream started over (its sequence went back: a new "
+              "engine process).",
+              static_cast<double>(s.stats->restarts.load()), who);
     m.gauge("llmgw_agent_event_replay",
             "1 when gaps can be filled from the engine's replay endpoint.",
             s.stats->replay.load() ? 1 : 0, who);
@@ -536,6 +544,20 @@ void append_agent_metrics(wire::metrics_text& m, const agent_handles& handles) {
                 "engine exited: restarts of launched engines), decode_error.",
                 static_cast<double>(v.view->resets[r].load(std::memory_order_relaxed)),
                 with_reason(who, kv::to_string(static_cast<kv::reset_reason>(r))));
+  }
+  for (const auto& e : handles.engines) {
+    if (!e.counters)
+      continue; // not launched by this agent
+    wire::metric_labels who{{"replica", e.spec.replica}};
+    m.counter("llmgw_agent_engine_starts_total",
+              "Processes of the launched engine started (the first, then one per restart).",
+              static_cast<double>(e.counters->starts.load()), who);
+    m.counter("llmgw_agent_engine_exits_total",
+              "Exits of the launched engine nobody asked for; each is restarted after a backoff.",
+              static_cast<double>(e.counters->exits.load()), who);
+    m.counter("llmgw_agent_engine_start_failures_total",
+              "Times the launched engine's command could not be started.",
+              static_cast<double>(e.counters->start_failures.load()), who);
   }
   if (handles.loads)
     for (const auto& c : handles.loads->totals())
@@ -562,11 +584,13 @@ void append_agent_metrics(wire::metrics_text& m, const agent_handles& handles) {
               "is slow, or the link stalls): the mirrors keep the changes, bounded by their "
               "tables, until it acknowledges.",
               static_cast<double>(c->flushes_skipped.load()), to);
-    for (auto [reason, n] :
-         {std::pair{"refused", c->sessions_refused.load()}, {"unproven", c->proofs_refused.load()}})
+    for (auto [reason, n] : {std::pair{"refused", c->sessions_refused.load()},
+                             {"unproven", c->proofs_refused.load()},
+                             {"lost", c->sessions_lost.load()}})
       m.counter("llmgw_agent_sessions_ended_total",
                 "Sessions that ended: refused (by the control node), unproven (the control "
-                "node did not prove its name).",
+                "node did not prove its name), lost (the link or the control node went away; "
+                "the forwarder reconnects).",
                 static_cast<double>(n), with_reason(to, reason));
   }
 }

@@ -24,6 +24,8 @@
 
 namespace llmgw {
 
+struct engine_counters; // actors/engine_supervisor.hpp
+
 /// An engine of the node, as the topology describes it (launch empty: an
 /// attached engine, started by the operator).
 using agent_engine_config = config::engine_spec;
@@ -69,6 +71,7 @@ struct agent_engine {
   agent_engine_config spec;
   std::vector<caf::actor> actors;            ///< its mirrors and subscribers
   caf::actor supervisor;                     ///< a launched engine's (else invalid)
+  std::shared_ptr<engine_counters> counters; ///< its supervisor's (else null)
   std::vector<mirror_entry> mirrors;         ///< forwarded: ranks, when it has KV events
   std::string events_endpoint;               ///< rank 0's, or "" (no events)
   std::vector<agent_subscriber> subscribers; ///< per rank, when it has KV events

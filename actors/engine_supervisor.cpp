@@ -238,10 +238,12 @@ engine_supervisor(engine_supervisor_actor::stateful_pointer<engine_supervisor_st
       if (st.process->pid <= 0) {
         LLMGW_LOG(error, "engine " + st.opts.replica, "cannot start {}: {}",
                   st.opts.launch.argv.at(0), error);
+        ++st.opts.counters->start_failures;
         schedule_restart(self);
         return;
       }
       ++st.starts;
+      ++st.opts.counters->starts;
       LLMGW_LOG(info, "engine " + st.opts.replica, "started {} (pid {})", st.opts.launch.argv.at(0),
                 st.process->pid);
     },
@@ -271,6 +273,7 @@ engine_supervisor(engine_supervisor_actor::stateful_pointer<engine_supervisor_st
         self->quit();
         return;
       }
+      ++st.opts.counters->exits;
       if (st.mirror) // its KV cache is gone with it
         self->send(st.mirror, reset_atom::value, kv::reset_reason::engine_exit);
       schedule_restart(self);

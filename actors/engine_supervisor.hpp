@@ -11,13 +11,22 @@
 #include "actors/interfaces.hpp"
 #include "config/engine_command.hpp"
 
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <sys/types.h>
 
 namespace llmgw {
+
+/// What a supervisor counts, read by the agent's /metrics from any thread.
+struct engine_counters {
+  std::atomic<std::uint64_t> starts{0};         ///< processes started
+  std::atomic<std::uint64_t> exits{0};          ///< exits nobody asked for (each is restarted)
+  std::atomic<std::uint64_t> start_failures{0}; ///< the command could not be started
+};
 
 struct engine_supervisor_options {
   std::string replica;
@@ -30,6 +39,7 @@ struct engine_supervisor_options {
   /// line to change (may be left alone): a port the last engine bound may
   /// be another socket's by now (the replay port, see actors/agent.cpp).
   std::function<void(config::engine_launch&)> before_restart;
+  std::shared_ptr<engine_counters> counters = std::make_shared<engine_counters>();
 };
 
 /// The engine process a supervisor runs: shared with the supervisor's exit

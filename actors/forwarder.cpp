@@ -267,6 +267,7 @@ forwarder_actor::behavior_type forwarder(forwarder_actor::stateful_pointer<forwa
       return;
     LLMGW_LOG(warning, "forwarder " + st.opts.control, "control node went away ({}); reconnecting",
               self->system().render(dm.reason));
+    ++st.counts->sessions_lost;
     st.control = control_actor{};
     st.window.start(0);
     st.share.reset();

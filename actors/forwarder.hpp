@@ -39,6 +39,7 @@ struct forwarder_counters {
   std::atomic<std::uint64_t> flushes_skipped{0};  ///< flushes that found the window full
   std::atomic<std::uint64_t> sessions_refused{0}; ///< sessions the control node refused
   std::atomic<std::uint64_t> proofs_refused{0};   ///< control nodes that failed to prove their name
+  std::atomic<std::uint64_t> sessions_lost{0};    ///< the control node went away (link or node)
   std::atomic<bool> connected{false};             ///< in a session whose handshake finished
 };
 

@@ -97,6 +97,12 @@ public:
     counted->forwarders = h.forwarders;
     counted->mirror_views = h.mirror_views;
     counted->loads = h.loads;
+    for (const auto& e : h.engines) { // no actor handles: they would outlive a reload
+      agent_engine view;
+      view.spec = e.spec;
+      view.counters = e.counters;
+      counted->engines.push_back(std::move(view));
+    }
     std::lock_guard<std::mutex> g(mtx_);
     current_ = std::move(counted);
   }

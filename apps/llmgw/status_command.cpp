@@ -7,8 +7,11 @@
 // avoided, its KV state (trusted, parity, blocks, age of the last update),
 // whether its answers made the index distrusted, and its load (requests in
 // flight, and the engine's own running and waiting counts with its KV cache
-// use). Then a line per agent node: its replicas with KV state. TLS files are
-// not read: the command reads only HTTP. Exit code 0 when the control node
+// use; a replica's parity and update age are its ranks' worst). Then a line
+// per node of the topology: whether it answers /healthz (on its admin
+// address; a control node without one on its http address) and, for an
+// agent, its replicas with KV state. TLS files are not read: the command
+// reads only HTTP. Exit code 0 when the control node
 // answered and is ready, 1 when it is not ready, 2 when it did not answer.
 #include "apps/llmgw/commands.hpp"
 #include "net/http_client.hpp"
@@ -17,8 +20,10 @@
 #include <boost/json.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <future>
 #include <map>
+#include <optional>
 
 namespace llmgw::apps {
 
@@ -27,10 +32,35 @@ namespace {
 namespace json = boost::json;
 using namespace std::chrono_literals;
 
-http_response get(http_client& http, const std::string& base, const std::string& target) {
+http_response get(http_client& http, const std::string& base, const std::string& target,
+                  std::chrono::milliseconds timeout = 5s) {
   std::promise<http_response> p;
-  http.request("GET", base, target, "", 5s, [&p](http_response r) { p.set_value(std::move(r)); });
+  http.request("GET", base, target, "", timeout,
+               [&p](http_response r) { p.set_value(std::move(r)); });
   return p.get_future().get();
+}
+
+/// Whether `n` is up, as its /healthz says.
+std::string node_health(http_client& http, const config::node_spec& n) {
+  bool admin = !n.admin_host.empty();
+  if (!admin && !n.roles.control)
+    return "health not known (no admin address)";
+  auto base = admin ? fmt::format("http://{}:{}", n.admin_host, n.admin_port)
+                    : fmt::format("http://{}:{}", n.http_host, n.http_port);
+  auto r = get(http, base, "/healthz", 2s);
+  if (r.status == 200)
+    return "up";
+  if (r.status == 0)
+    return "down (" + r.error + ")";
+  if (r.body.find("draining") != std::string::npos)
+    return "draining";
+  return "unhealthy (status " + std::to_string(r.status) + ")";
+}
+
+std::string roles_of(const config::node_spec& n) {
+  if (n.roles.control && n.roles.agent)
+    return "control, agent";
+  return n.roles.control ? "control" : "agent";
 }
 
 /// `v` as text for the table: numbers without a trailing .0, "-" for none.
@@ -65,9 +95,9 @@ const json::value* at(const json::object& o, std::initializer_list<const char*> 
   return v;
 }
 
-/// Prints a line per replica, then a line per node: its replicas with KV
-/// state.
-void print_replicas(const json::array& replicas) {
+/// Prints a line per replica; returns, per node, its replicas with KV state
+/// and all its replicas.
+std::map<std::string, std::pair<int, int>> print_replicas(const json::array& replicas) {
   fmt::print("{:<14} {:<12} {:<5} {:<8} {:<9} {:>8} {:>9} {:<10} {:>6} {:>8} {:>8}\n", "REPLICA",
              "NODE", "UP", "TRUSTED", "PARITY", "BLOCKS", "UPDATED", "DISTRUST", "FLIGHT",
              "RUN/WAIT", "KV USE");
@@ -78,16 +108,25 @@ void print_replicas(const json::array& replicas) {
       continue;
     std::string parity = "-", updated = "-";
     bool has_state = false;
+    std::optional<double> oldest; // the rank updated longest ago
     if (const auto* ranks = at(*r, {"ranks"}); ranks && ranks->is_array())
       for (const auto& k : ranks->as_array()) {
         const auto* x = k.if_object();
         if (!x)
           continue;
         has_state = has_state || (at(*x, {"has_state"}) && cell(at(*x, {"has_state"})) == "yes");
-        parity = cell(at(*x, {"parity"}));
-        if (const auto* age = at(*x, {"seconds_since_update"}); age && !age->is_null())
-          updated = cell(age) + "s ago";
+        // The worst rank's: mismatch, then unknown, then verified.
+        auto p = cell(at(*x, {"parity"}));
+        auto rank_of = [](const std::string& s) {
+          return s == "mismatch" ? 3 : s == "unknown" ? 2 : s == "verified" ? 1 : 0;
+        };
+        if (rank_of(p) > rank_of(parity))
+          parity = p;
+        if (const auto* age = at(*x, {"seconds_since_update"}); age && age->is_number())
+          oldest = std::max(oldest.value_or(0.0), age->to_number<double>());
       }
+    if (oldest)
+      updated = fmt::format("{:.1f}s ago", *oldest);
     auto node = cell(at(*r, {"node"}));
     auto& n = nodes[node];
     n.first += has_state;
@@ -108,8 +147,7 @@ void print_replicas(const json::array& replicas) {
                cell(at(*r, {"index_check", "distrusted"})), cell(at(*r, {"outstanding"})), load,
                kv_use);
   }
-  for (const auto& [node, n] : nodes)
-    fmt::print("node {}: {} of {} replicas with KV state\n", node, n.first, n.second);
+  return nodes;
 }
 
 } // namespace
@@ -160,7 +198,14 @@ void add_status_command(CLI::App& app, int& exit_code) {
     auto ready = get(http, base, "/readyz");
     fmt::print("control node {} at {}: {}\n", control->name, base,
                ready.status == 200 ? "ready" : "not ready: " + ready.body);
-    print_replicas(listed->as_array());
+    auto with_state = print_replicas(listed->as_array());
+    for (const auto& n : topo.nodes) {
+      auto line = fmt::format("node {} ({}): {}", n.name, roles_of(n), node_health(http, n));
+      if (auto it = with_state.find(n.name); it != with_state.end())
+        line +=
+          fmt::format("; {} of {} replicas with KV state", it->second.first, it->second.second);
+      fmt::print("{}\n", line);
+    }
     exit_code = ready.status == 200 ? 0 : 1;
   });
 }

@@ -293,6 +293,9 @@ TEST(cluster, an_agent_shows_its_sessions_and_what_it_refused_on_its_admin_liste
                       "reason=\"bad_frame\"} 0\n"),
             std::string::npos)
     << text;
+  EXPECT_NE(text.find("llmgw_agent_event_gaps_filled_total{replica=\"a0\",dp_rank=\"0\"} 0\n"),
+            std::string::npos)
+    << text;
   EXPECT_EQ(c.admin_get("agent-a", "/healthz").status, 200);
   EXPECT_EQ(c.admin_get("control-1", "/healthz").status, 200) << "a control node's admin too";
   EXPECT_EQ(c.admin_get("agent-a", "/v1/kv/replicas").status, 404) << "an agent has no index";

@@ -17,6 +17,7 @@
 #include "net/http_client.hpp"
 #include "tests/integration/tcp_proxy.hpp"
 #include "tests/integration/test_cluster.hpp"
+#include "tests/support/child_process.hpp"
 
 #include <boost/json.hpp>
 #include <fmt/format.h>
@@ -398,6 +399,10 @@ TEST_F(faults, engine_killed_and_restarted) {
     },
     15s * slow_factor);
   EXPECT_GE(recovered, 0) << "the restarted engine is routed to again";
+  // An operator sees it on the agent: one exit nobody asked for, two starts.
+  EXPECT_EQ(c.metric("agent-a", "llmgw_agent_engine_exits_total{replica=\"a0\"}"), 1);
+  EXPECT_EQ(c.metric("agent-a", "llmgw_agent_engine_starts_total{replica=\"a0\"}"), 2);
+  EXPECT_EQ(c.metric("agent-a", "llmgw_agent_engine_exits_total{replica=\"a1\"}"), 0);
   ASSERT_TRUE(t.more(20));
   finish(t, "engine killed (kill -9), restarted by its agent", detected, recovered);
 }
@@ -471,6 +476,17 @@ TEST_F(faults, agent_killed_and_restarted) {
     },
     10s);
   EXPECT_GE(detected, 0) << "both control nodes drop the dead agent's replicas";
+  {
+    // An operator at a terminal sees which node is gone.
+    test::child_process status({LLMGW_BINARY, "status", "--config", c.topology_path()});
+    auto table = status.read_stdout_all(20s);
+    EXPECT_EQ(status.wait(10s), std::optional<int>(0)) << table;
+    EXPECT_NE(table.find("node agent-b (agent): down ("), std::string::npos) << table;
+    EXPECT_NE(table.find("node agent-a (agent): up; 2 of 2 replicas with KV state"),
+              std::string::npos)
+      << table;
+    EXPECT_NE(table.find("node control-2 (control): up\n"), std::string::npos) << table;
+  }
   auto t1 = clock_type::now();
   c.start("agent-b");
   double recovered = time_until(
@@ -569,6 +585,14 @@ TEST_F(link_faults, a_stalled_link_ends_the_session_and_a_new_one_sends_a_full_c
 TEST_F(link_faults, a_cut_link_ends_the_session_and_a_new_one_sends_a_full_copy) {
   run("link agent to control node cut (connections closed, new ones closed at once), then restored",
       [&] { proxy.cut(); });
+  // The agent counts the session it lost, and the one it started after.
+  EXPECT_GE(
+    c.metric("agent-b", "llmgw_agent_sessions_ended_total{control=\"control-1\",reason=\"lost\"}"),
+    1);
+  EXPECT_EQ(
+    c.metric("agent-b", "llmgw_agent_sessions_ended_total{control=\"control-2\",reason=\"lost\"}"),
+    0)
+    << "the other control node's link was never cut";
 }
 
 // The topology changes while agent-b is cut off from control-1: control-1

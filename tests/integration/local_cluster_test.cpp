@@ -204,7 +204,11 @@ TEST(local_cluster, routes_exactly_streams_in_order_and_survives_a_killed_engine
   EXPECT_NE(table.find(": ready\n"), std::string::npos) << table;
   for (const char* r : {"a0 ", "a1 ", "b0 ", "b1 "})
     EXPECT_NE(table.find("\n" + std::string(r)), std::string::npos) << r << "in:\n" << table;
-  EXPECT_NE(table.find("2 of 2 replicas with KV state"), std::string::npos) << table;
+  EXPECT_NE(table.find("node agent-a (agent): health not known (no admin address); 2 of 2 "
+                       "replicas with KV state"),
+            std::string::npos)
+    << table;
+  EXPECT_NE(table.find("node control-1 (control): up\n"), std::string::npos) << table;
 
   // Kill the engine that holds the long prompt: its traffic goes elsewhere.
   auto port = c.engine_ports.at(static_cast<std::size_t>(replica[0] == 'a' ? 0 : 2)
