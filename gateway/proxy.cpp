@@ -158,7 +158,7 @@ private:
       return finish_error(unknown ? 404 : 503,
                           unknown ? "NotFoundError" : "ServiceUnavailableError", d.error);
     }
-    std::lock_guard<std::mutex> g(mtx_);
+    std::unique_lock<std::mutex> g(mtx_);
     if (gone_) {
       ctx_.plane.shared_router->finished(routing::progress_of(d), false); // never sent
       return;
@@ -207,6 +207,29 @@ private:
       respond_(error_reply(503, "ServiceUnavailableError", "the gateway is stopping"));
       return;
     }
+    // Held by the gateway until it ends: if the replica's health probes
+    // fail meanwhile, or the gateway stops, the attempt is abandoned
+    // (abandon_attempts, cut_in_flight). Registered before it is sent, in
+    // one step with the stop check: a cut either finds this attempt or is
+    // found here. (Abandoning it waits for mtx_, held until it is sent.)
+    std::weak_ptr<proxied> weak = self;
+    bool stopping = false;
+    {
+      std::lock_guard<std::mutex> s(ctx_.stats->mtx);
+      stopping = ctx_.stats->stopping;
+      if (!stopping) {
+        attempt_ = ctx_.stats->next_attempt++;
+        ctx_.stats->attempts.emplace(attempt_,
+                                     std::make_pair(d.replica, [weak, attempt = attempt_] {
+                                       if (auto p = weak.lock())
+                                         p->abandon(attempt);
+                                     }));
+      }
+    }
+    if (stopping) {
+      ctx_.plane.shared_router->finished(routing::progress_of(d), false); // never sent
+      return end_at_stop(g);
+    }
     sent_ = std::chrono::steady_clock::now();
     // A stream's head comes before the engine schedules it (vLLM's): one
     // that does not come in first_byte_timeout is a stuck engine, tried
@@ -215,15 +238,6 @@ private:
       "POST", d.url, path_, req_.body, headers, ctx_.topo->gateway.connect_timeout,
       ctx_.topo->gateway.request_timeout, std::move(h),
       routing_.stream ? ctx_.topo->gateway.first_byte_timeout : std::chrono::milliseconds{0});
-    // Held by the gateway until it ends: if the replica's health probes
-    // fail meanwhile, the attempt is abandoned (abandon_attempts).
-    std::weak_ptr<proxied> weak = self;
-    std::lock_guard<std::mutex> s(ctx_.stats->mtx);
-    attempt_ = ctx_.stats->next_attempt++;
-    ctx_.stats->attempts.emplace(attempt_, std::make_pair(d.replica, [weak, attempt = attempt_] {
-                                   if (auto p = weak.lock())
-                                     p->abandon(attempt);
-                                 }));
   }
 
   /// The replica was declared down while `attempt` waited on it: end the
@@ -248,7 +262,6 @@ private:
     // A server error is held back (its body is small) until it is known
     // whether another replica can answer instead: nothing is relayed yet.
     server_error_ = retryable_status(status);
-    head_ = !server_error_;
     std::string content_type = "application/json";
     bool chunked = false;
     auto named = connection_options(headers);
@@ -264,13 +277,19 @@ private:
     relay_headers_.emplace_back("x-llmgw-tier", routing::to_string(decision_.tier));
     content_type_ = content_type;
     streaming_ = !server_error_ && (chunked || content_type.rfind("text/event-stream", 0) == 0);
-    if (streaming_) {
-      stream_ = respond_.stream(status, content_type, std::move(relay_headers_));
-      {
-        std::lock_guard<std::mutex> s(ctx_.stats->mtx);
-        ctx_.stats->first_byte_seconds.observe(since(started_));
-      }
-    }
+    // A whole answer is relayed when done, but it is the engine's: a
+    // failure from here on is not retried. A stream's head waits for its
+    // first byte (open_stream): vLLM sends the head before it schedules
+    // the request, and until a token comes another replica may still take it.
+    head_ = !server_error_ && !streaming_;
+  }
+
+  /// The client's stream begins, with the engine's head (mtx_ held).
+  void open_stream() {
+    stream_ = respond_.stream(status_, content_type_, std::move(relay_headers_));
+    head_ = true;
+    std::lock_guard<std::mutex> s(ctx_.stats->mtx);
+    ctx_.stats->first_byte_seconds.observe(since(started_));
   }
 
   void on_data(const std::string& data) {
@@ -290,7 +309,11 @@ private:
         scan_.erase(0, scan_.size() - 64);
     }
     if (streaming_) {
-      if (!stream_ || !stream_->write(data)) {
+      if (data.empty())
+        return;
+      if (!head_)
+        open_stream();
+      if (!stream_->write(data)) {
         if (auto call = call_.lock())
           call->cancel(); // the client is gone or not reading
       }
@@ -323,6 +346,8 @@ private:
         blame_server_errors();
       note_cache_accuracy();
       if (streaming_) {
+        if (!head_) // an empty stream
+          open_stream();
         stream_->end();
       } else {
         std::lock_guard<std::mutex> s(ctx_.stats->mtx);

@@ -133,8 +133,6 @@ struct answer {
   bool emit(const token_out& t) {
     text += t.piece;
     if (stream) {
-      if (t.first)
-        out = respond.stream(200, "text/event-stream; charset=utf-8");
       bool ok = out->write("data: " + json::serialize(chunk(t)) + "\n\n");
       if (ok && t.last) {
         if (include_usage) {
@@ -221,8 +219,19 @@ void api::completion(http_request&& req, const http_responder& respond, bool cha
     r->rank_hint = std::stoi(hint);
   r->emit = [a](const token_out& t) { return a->emit(t); };
   r->reject = [a](const std::string& message) {
-    a->respond(error_reply(400, "BadRequestError", message));
+    if (!a->out)
+      return a->respond(error_reply(400, "BadRequestError", message));
+    // The stream began: vLLM's shape for an error then is an event.
+    json::object e{
+      {"message", message}, {"type", "BadRequestError"}, {"param", nullptr}, {"code", 400}};
+    a->out->write("data: " + json::serialize(json::object{{"error", std::move(e)}}) + "\n\n");
+    a->out->write("data: [DONE]\n\n");
+    a->out->end();
   };
+  // vLLM's api_server begins a stream (its head goes out) before the engine
+  // schedules the request; the events follow from the first token on.
+  if (a->stream)
+    a->out = respond.stream(200, "text/event-stream; charset=utf-8");
   std::weak_ptr<sim_request> weak = r;
   respond.on_disconnect([weak] {
     if (auto rr = weak.lock())

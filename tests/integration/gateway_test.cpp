@@ -36,7 +36,15 @@ struct sys_config : caf::actor_system_config {
 
 /// A stand-in engine: records requests, answers as told.
 struct fake_engine {
-  enum class mode { json, sse, server_error, broken_server_error, fail_mid_stream, hang };
+  enum class mode {
+    json,
+    sse,
+    server_error,
+    broken_server_error,
+    fail_mid_stream,
+    fail_before_first_token,
+    hang
+  };
   std::atomic<mode> how{mode::json};
   /// Cached prompt tokens a JSON answer reports (vLLM's usage), or -1: none.
   std::atomic<int> cached_tokens{-1};
@@ -107,6 +115,13 @@ struct fake_engine {
             s.write("data: {\"n\":1}\n\n");
             std::this_thread::sleep_for(50ms);
             s.abort(); // the engine dies: the connection closes without an end
+          });
+          break;
+        case mode::fail_before_first_token: // vLLM's head, then the engine dies
+          workers.emplace_back([respond] {
+            auto s = respond.stream(200, "text/event-stream");
+            std::this_thread::sleep_for(50ms);
+            s.abort();
           });
           break;
         case mode::hang:
@@ -378,7 +393,8 @@ TEST_F(gateway_test, a_drain_gives_up_at_its_deadline_and_answers_what_is_left) 
   client.request("POST", base(), "/v1/completions", body_ids, 10s,
                  [&p](http_response r) { p.set_value(std::move(r)); });
   ASSERT_TRUE(test::eventually([&] { return e0.requests() + e1.requests() == 1; }));
-  EXPECT_FALSE(gw->drain(100ms)) << "the engine never answers";
+  // 0, as drain_timeout_ms = 0: what is in flight is cut at once.
+  EXPECT_FALSE(gw->drain(0ms)) << "the engine never answers";
   auto f = p.get_future();
   ASSERT_EQ(f.wait_for(10s), std::future_status::ready) << "not left hanging";
   auto a = f.get();
@@ -636,6 +652,26 @@ TEST_F(gateway_test, a_stream_cut_short_ends_as_a_failure_the_client_notices) {
   EXPECT_EQ(a.body.find("[DONE]"), std::string::npos);
   EXPECT_FALSE(a.error.empty()) << "the stream never ended properly: the client's read fails";
   EXPECT_EQ(e0.requests() + e1.requests(), 1u) << "nothing is retried once bytes were relayed";
+}
+
+// vLLM sends a stream's head before it schedules the request: an engine
+// that dies before the first token relayed nothing but that head, so the
+// gateway holds it back and another replica answers the whole stream.
+TEST_F(gateway_test, a_stream_whose_engine_dies_before_its_first_token_goes_elsewhere) {
+  e0.how = fake_engine::mode::fail_before_first_token;
+  e1.how = fake_engine::mode::sse;
+  e1.release.set_value();
+  for (int i = 0; i < 4 && e0.requests() == 0; ++i) { // equal costs go in turn
+    auto a = post("/v1/completions", R"({"model": "m", "prompt": "x", "stream": true})");
+    EXPECT_EQ(a.status, 200) << a.body;
+    EXPECT_EQ(a.body, "data: {\"n\":1}\n\ndata: {\"n\":2}\n\ndata: [DONE]\n\n") << "whole, from e1";
+    EXPECT_NE(a.headers.find("x-llmgw-replica: e1"), std::string::npos) << a.headers;
+    EXPECT_TRUE(a.error.empty()) << a.error;
+  }
+  ASSERT_EQ(e0.requests(), 1u) << "one stream was sent to e0 first";
+  EXPECT_NE(
+    get_metrics().find("llmgw_upstream_failures_total{replica=\"e0\",reason=\"broken\"} 1\n"),
+    std::string::npos);
 }
 
 TEST_F(gateway_test, a_client_that_leaves_cancels_the_upstream_request) {

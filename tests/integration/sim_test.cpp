@@ -296,3 +296,49 @@ TEST(llmgw_sim, a_full_engine_queues_and_says_so_in_vllms_metrics) {
   EXPECT_NE(m.find("vllm:num_requests_waiting{model_name=\"m\",engine=\"0\"} 0"), std::string::npos)
     << m;
 }
+
+// vLLM's api_server sends a stream's head before the engine schedules the
+// request: a gateway sees 200 at once, and the first token only after the
+// queue. The sim does the same (the gateway's hold of a stream's head until
+// its first byte is tested against that).
+TEST(llmgw_sim, a_streams_head_goes_out_before_it_is_scheduled) {
+  events_sink sink;
+  sim_process sim(sink.endpoint(), "", {"--max-num-seqs", "1"});
+  json::object busy{{"model", "m"}, {"prompt", std::string(100, 'w')}, {"max_tokens", 2000}};
+  auto one = std::async(std::launch::async, [&] {
+    return sim.request("POST", "/v1/completions", json::serialize(busy));
+  });
+  ASSERT_TRUE(test::test_cluster::eventually(
+    [&] {
+      auto m = sim.get("/metrics").body;
+      return m.find("vllm:num_requests_running{model_name=\"m\",engine=\"0\"} 1")
+             != std::string::npos;
+    },
+    10s))
+    << "the first request runs, and holds the only seat";
+  std::promise<std::string> head; // what had arrived of the stream's body then
+  std::mutex mtx;
+  std::string body;
+  std::promise<void> done;
+  json::object streamed{{"model", "m"}, {"prompt", "x"}, {"max_tokens", 2}, {"stream", true}};
+  sim.http.call("POST", "http://127.0.0.1:" + std::to_string(sim.port), "/v1/completions",
+                json::serialize(streamed), {}, 1s, 30s,
+                {[&](int, std::vector<std::pair<std::string, std::string>>) {
+                   std::lock_guard<std::mutex> g(mtx);
+                   head.set_value(body);
+                 },
+                 [&](std::string d) {
+                   std::lock_guard<std::mutex> g(mtx);
+                   body += d;
+                 },
+                 [&](const http_error&) { done.set_value(); }});
+  auto h = head.get_future();
+  ASSERT_EQ(h.wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(h.get(), "") << "no event before the head";
+  EXPECT_EQ(one.wait_for(0s), std::future_status::timeout)
+    << "the head came while the stream still waited for the seat";
+  EXPECT_EQ(one.get().status, 200);
+  ASSERT_EQ(done.get_future().wait_for(20s), std::future_status::ready);
+  std::lock_guard<std::mutex> g(mtx);
+  EXPECT_NE(body.find("data: [DONE]"), std::string::npos) << body;
+}
