@@ -17,9 +17,9 @@ auto tied(const router_settings& r) {
 
 auto tied(const gateway_settings& g) {
   return std::tie(g.max_body_bytes, g.max_buffered_body_mib, g.max_header_bytes, g.read_timeout,
-                  g.idle_timeout, g.request_timeout, g.connect_timeout, g.max_connections,
-                  g.max_connections_per_client, g.max_attempts, g.down_for, g.health_interval,
-                  g.health_timeout, g.drain_timeout, g.threads);
+                  g.idle_timeout, g.request_timeout, g.connect_timeout, g.first_byte_timeout,
+                  g.max_connections, g.max_connections_per_client, g.max_attempts, g.down_for,
+                  g.health_interval, g.health_timeout, g.drain_timeout, g.threads);
 }
 
 auto tied_cluster(const topology& t) {

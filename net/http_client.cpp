@@ -260,7 +260,7 @@ private:
     bool connecting = std::string_view(what) == "resolve" || std::string_view(what) == "connect";
     auto kind = connecting ? http_failure::connect
                            : (timed_out_ ? http_failure::timeout : http_failure::broken);
-    if (timed_out_ && !connecting && !got_head_ && head_timed())
+    if (timed_out_ && !connecting && !answered_ && head_timed())
       return {kind, std::string(what) + ": no answer began within "
                       + std::to_string(head_timeout_.count()) + " ms"};
     return {kind, std::string(what) + (timed_out_ ? ": timed out" : ": " + ec.message())};
@@ -282,10 +282,6 @@ private:
   }
 
   void write() {
-    if (head_timeout_.count() > 0) { // from now on the head is awaited
-      head_deadline_ = std::min(deadline_, std::chrono::steady_clock::now() + head_timeout_);
-      arm(head_deadline_);
-    }
     auto self = shared_from_this();
     std::array<asio::const_buffer, 2> out{asio::buffer(head_), asio::buffer(body_)};
     asio::async_write(stream_->socket, out, [self](beast::error_code ec, std::size_t) {
@@ -293,6 +289,11 @@ private:
         if (self->retry_fresh())
           return;
         return self->finish(self->describe("write", ec));
+      }
+      if (self->head_timeout_.count() > 0) { // sent: from now on the head is awaited
+        self->head_deadline_ =
+          std::min(self->deadline_, std::chrono::steady_clock::now() + self->head_timeout_);
+        self->arm(self->head_deadline_);
       }
       self->stream_->buffer.clear();
       self->read_head();
@@ -314,9 +315,9 @@ private:
           return self->finish(self->describe("read", ec));
         }
         self->got_head_ = true; // the request arrived: never resent
-        if (self->head_timeout_.count() > 0)
-          self->arm(self->deadline_); // the rest has the whole call's deadline
         auto status = self->parser_->get().result_int();
+        if (status >= 200 && self->head_timeout_.count() > 0)
+          self->arm(self->deadline_); // the answer began: the rest has the whole call's deadline
         if (status >= 200)
           return self->on_head();
         if (status == 101) // no Upgrade is ever sent
@@ -330,6 +331,7 @@ private:
   }
 
   void on_head() {
+    answered_ = true;
     const auto& res = parser_->get();
     std::vector<std::pair<std::string, std::string>> headers;
     for (const auto& f : res)
@@ -388,6 +390,7 @@ private:
   std::chrono::milliseconds head_timeout_; ///< 0: the head has the whole call's deadline
   std::chrono::steady_clock::time_point head_deadline_;
   std::uint64_t armed_ = 0; ///< arm() calls: only the last one's wait counts
+  bool answered_ = false;   ///< a final (not 1xx) head arrived
   std::chrono::steady_clock::time_point deadline_;
   http_call_handlers handlers_;
   std::string head_;

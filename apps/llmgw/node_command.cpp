@@ -304,7 +304,7 @@ int run_node(const config::topology& topo_in, const std::string& name, std::size
     }
     LLMGW_LOG(info, who, "{}: shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");
   }
-  if (gw && topo->gateway.drain_timeout.count() > 0) {
+  if (gw) { // drain_timeout 0: what is in flight is cut at once
     LLMGW_LOG(info, who, "draining: requests in flight may finish for {} ms",
               topo->gateway.drain_timeout.count());
     if (!gw->drain(topo->gateway.drain_timeout))

@@ -9,7 +9,8 @@
 // until every replica with KV events has its KV state at the control nodes,
 // prints the gateway's URL, optionally runs the demo traffic, and then shows
 // a one-line status until Ctrl-C or SIGTERM, when it stops every node (and
-// so every engine) and waits for them. SIGHUP is passed on to every node,
+// so every engine) and waits for them: SIGKILL only after the drain timeout
+// and 15 s more. SIGHUP is passed on to every node,
 // which reads the topology again. Children get SIGTERM if `llmgw up`
 // itself dies. Node logs go to files in the log folder.
 #include "apps/common/stop_signals.hpp"
@@ -189,11 +190,18 @@ struct child {
   bool exited = false;
 };
 
-void stop_all(std::vector<child>& children) {
+/// How long the nodes may take to stop: a control node drains for
+/// drain_timeout_ms, then cuts what is left; an agent stops its engines.
+std::chrono::milliseconds stop_grace(const config::topology& topo) {
+  return topo.gateway.drain_timeout + std::chrono::milliseconds(15000);
+}
+
+/// SIGTERM to every child, SIGKILL to those still running after `grace`.
+void stop_all(std::vector<child>& children, std::chrono::milliseconds grace) {
   for (auto& c : children)
     if (!c.exited)
       ::kill(c.pid, SIGTERM);
-  auto deadline = std::chrono::steady_clock::now() + 15s;
+  auto deadline = std::chrono::steady_clock::now() + grace;
   for (auto& c : children) {
     while (!c.exited && std::chrono::steady_clock::now() < deadline) {
       if (::waitpid(c.pid, nullptr, WNOHANG) == c.pid)
@@ -444,7 +452,7 @@ int run_up(const up_options& o) {
   r.ready_timeout_s = o.ready_timeout_s;
   r.deadline = std::chrono::steady_clock::now() + std::chrono::seconds(o.ready_timeout_s);
   if (!start_controls(r) || !start_agents(r) || !wait_for_engines(r)) {
-    stop_all(r.children);
+    stop_all(r.children, stop_grace(r.topo));
     return 1;
   }
   fmt::print("llmgw up: cluster '{}' is up; the gateway is {}\n", r.topo.name, r.gateways[0]);
@@ -456,7 +464,7 @@ int run_up(const up_options& o) {
     d.engines = r.engines;
     code = run_demo(d).failed == 0 ? 0 : 1;
     if (o.exit_after_demo) {
-      stop_all(r.children);
+      stop_all(r.children, stop_grace(r.topo));
       return code;
     }
     fmt::print("\nllmgw up: still serving at {}; try\n  curl -s {}/v1/chat/completions "
@@ -465,7 +473,7 @@ int run_up(const up_options& o) {
                r.gateways[0], r.gateways[0], d.model);
   }
   serve_until_stopped(r);
-  stop_all(r.children);
+  stop_all(r.children, stop_grace(r.topo));
   fmt::print("llmgw up: stopped\n");
   return code;
 }

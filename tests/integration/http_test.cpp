@@ -726,6 +726,54 @@ TEST(http_client, a_call_ends_at_its_deadline_before_or_during_the_answer) {
   stalling.stop();
 }
 
+// The first-byte deadline of a streamed request through the gateway.
+TEST(http_client, a_head_deadline_bounds_the_wait_for_the_answer_to_begin) {
+  http_client client;
+  // No answer at all: the head's deadline ends the call, long before the
+  // whole call's.
+  silent_server silent;
+  call_log quiet;
+  auto start = std::chrono::steady_clock::now();
+  client.call("POST", "http://127.0.0.1:" + std::to_string(silent.server.port()), "/", "{}", {},
+              1000ms, 30s, quiet.handlers(), 200ms);
+  auto done = quiet.done.get_future();
+  ASSERT_EQ(done.wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(done.get(), "read: no answer began within 200 ms");
+  EXPECT_EQ(quiet.status, 0) << "no head: a proxy may try elsewhere";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+
+  // An interim answer (100, 103) is not the answer: it does not stop the
+  // head's deadline.
+  test::interim_engine stalling;
+  stalling.stall_after_interim();
+  call_log interim;
+  client.call("POST", stalling.url(), "/", "{}", {}, 1000ms, 30s, interim.handlers(), 200ms);
+  auto ended = interim.done.get_future();
+  ASSERT_EQ(ended.wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(ended.get(), "read: no answer began within 200 ms");
+  EXPECT_EQ(interim.status, 0);
+
+  // Once the answer began, the whole call's deadline holds, not the head's.
+  std::mutex mtx;
+  std::vector<http_responder> held;
+  http_server begun("127.0.0.1", 0, 1, {}, [&](http_request&&, http_responder respond) {
+    auto s = respond.stream(200, "text/event-stream");
+    s.write("data: first\n\n");
+    std::lock_guard<std::mutex> g(mtx);
+    held.push_back(respond);
+  });
+  call_log slow;
+  auto sent = std::chrono::steady_clock::now();
+  client.call("POST", "http://127.0.0.1:" + std::to_string(begun.port()), "/", "{}", {}, 1000ms,
+              600ms, slow.handlers(), 100ms);
+  auto over = slow.done.get_future();
+  ASSERT_EQ(over.wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(over.get(), "read: timed out");
+  EXPECT_EQ(slow.status, 200);
+  EXPECT_GE(std::chrono::steady_clock::now() - sent, 550ms) << "not the head's 100 ms";
+  begun.stop();
+}
+
 TEST(http_client, a_refused_call_reports_before_any_head) {
   http_client client;
   call_log log;

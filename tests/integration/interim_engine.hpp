@@ -76,6 +76,10 @@ public:
   /// answer nobody asked for (a broken upstream): "stray" as its body.
   void send_strays() { strays_ = true; }
 
+  /// From now on, requests get their interim answers and then nothing (an
+  /// upstream that hangs after saying it is working on it).
+  void stall_after_interim() { stall_ = true; }
+
   /// Stray answers sent so far.
   int strays_sent() const { return strays_sent_; }
 
@@ -151,6 +155,12 @@ private:
         ++reused_;
       send_all(fd, "HTTP/1.1 100 Continue\r\n\r\n"
                    "HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n");
+      if (stall_) {
+        while (!stop_)
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        ::close(fd);
+        return;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
       send_all(fd, "HTTP/1.1 103 Early Hints\r\nLink: </more.js>; rel=preload\r\n\r\n"
                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
@@ -169,6 +179,7 @@ private:
   std::atomic<bool> stop_{false};
   std::atomic<int> reused_{0};
   std::atomic<bool> strays_{false};
+  std::atomic<bool> stall_{false};
   std::atomic<int> strays_sent_{0};
   std::thread acceptor_;
   std::mutex mtx_;

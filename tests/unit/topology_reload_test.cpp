@@ -142,6 +142,11 @@ TEST(topology_change, what_a_node_reads_only_at_start_needs_a_restart) {
     << "c1's http is not a1's business";
 
   fresh = cluster();
+  fresh.gateway.first_byte_timeout = std::chrono::milliseconds(5000);
+  EXPECT_EQ(config::restart_needed(old, fresh, "c1"), std::vector<std::string>{"[gateway] differs"})
+    << "every [gateway] setting is read at start";
+
+  fresh = cluster();
   fresh.block_size = 16;
   EXPECT_EQ(config::restart_needed(old, fresh, "a1"),
             std::vector<std::string>{"[cluster] differs"});
