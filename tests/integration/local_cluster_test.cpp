@@ -70,16 +70,23 @@ struct local_cluster {
     char tmpl[] = "/tmp/llmgw-local-XXXXXX";
     dir = ::mkdtemp(tmpl);
     auto text = read(LLMGW_SOURCE_DIR "/deploy/local/cluster.toml");
+    // Each port is marked first, then written: written at once, a free
+    // port such as 28104 would have its 8104 replaced by a later one.
     auto http = test::free_port();
-    replace_all(text, "7100", std::to_string(test::free_port()));
-    replace_all(text, "127.0.0.1:8080", "127.0.0.1:" + std::to_string(http));
+    replace_all(text, "7100", "{control}");
+    replace_all(text, "127.0.0.1:8080", "127.0.0.1:{http}");
+    const char* engines[] = {"8101", "8102", "8103", "8104"};
+    for (const char* p : engines)
+      replace_all(text, p, std::string("{") + p + "}");
+    replace_all(text, "{control}", std::to_string(test::free_port()));
+    replace_all(text, "{http}", std::to_string(http));
     if (admin)
       replace_all(text, "http = \"127.0.0.1:" + std::to_string(http) + "\"",
                   "http = \"127.0.0.1:" + std::to_string(http)
                     + "\"\nadmin = \"127.0.0.1:" + std::to_string(test::free_port()) + "\"");
-    for (const char* p : {"8101", "8102", "8103", "8104"}) {
+    for (const char* p : engines) {
       engine_ports.push_back(test::free_port());
-      replace_all(text, p, std::to_string(engine_ports.back()));
+      replace_all(text, std::string("{") + p + "}", std::to_string(engine_ports.back()));
     }
     std::ofstream(dir + "/cluster.toml") << text;
     gateway = "http://127.0.0.1:" + std::to_string(http);
