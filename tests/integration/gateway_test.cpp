@@ -215,34 +215,41 @@ struct gateway_test : ::testing::Test {
 
   std::string base() const { return "http://127.0.0.1:" + std::to_string(gw->port()); }
 
-  /// A streamed request through the gateway, read as it arrives.
+  /// A streamed request through the gateway, read as it arrives. What the
+  /// call writes is shared with it: a reader may go before the call ends
+  /// (a test's requests still held when the fixture stops the gateway).
   struct stream_reader {
-    std::mutex mtx;
-    std::string got;
-    std::string error; ///< how the read ended ("" when whole)
-    std::promise<void> done;
-    std::string text() {
-      std::lock_guard<std::mutex> g(mtx);
-      return got;
+    struct state {
+      std::mutex mtx;
+      std::string got;
+      std::string error; ///< how the read ended ("" when whole)
+      std::promise<void> done;
+    };
+    std::shared_ptr<state> st = std::make_shared<state>();
+    std::shared_future<void> done = st->done.get_future().share();
+    std::string text() const {
+      std::lock_guard<std::mutex> g(st->mtx);
+      return st->got;
     }
-    std::string ended() {
-      std::lock_guard<std::mutex> g(mtx);
-      return error;
+    std::string ended() const {
+      std::lock_guard<std::mutex> g(st->mtx);
+      return st->error;
     }
   };
   void stream(stream_reader& r, const std::string& path, const std::string& body) {
+    auto st = r.st;
     client.call("POST", base(), path, body, {}, 2s, 10s,
                 {[](int, std::vector<std::pair<std::string, std::string>>) {},
-                 [&r](std::string d) {
-                   std::lock_guard<std::mutex> g(r.mtx);
-                   r.got += d;
+                 [st](std::string d) {
+                   std::lock_guard<std::mutex> g(st->mtx);
+                   st->got += d;
                  },
-                 [&r](const http_error& e) {
+                 [st](const http_error& e) {
                    {
-                     std::lock_guard<std::mutex> g(r.mtx);
-                     r.error = e.message;
+                     std::lock_guard<std::mutex> g(st->mtx);
+                     st->error = e.message;
                    }
-                   r.done.set_value();
+                   st->done.set_value();
                  }});
   }
 
@@ -354,7 +361,7 @@ TEST_F(gateway_test, an_event_stream_is_relayed_as_it_arrives) {
   EXPECT_TRUE(first) << "the first event arrives before the engine sends the second: " << r.text();
   e0.release.set_value();
   e1.release.set_value();
-  ASSERT_EQ(r.done.get_future().wait_for(10s), std::future_status::ready);
+  ASSERT_EQ(r.done.wait_for(10s), std::future_status::ready);
   EXPECT_EQ(r.text(), "data: {\"n\":1}\n\ndata: {\"n\":2}\n\ndata: [DONE]\n\n") << "byte for byte";
 }
 
@@ -382,7 +389,7 @@ TEST_F(gateway_test, a_drain_refuses_new_requests_and_lets_a_stream_in_flight_fi
   e1.release.set_value();
   ASSERT_EQ(drained.wait_for(10s), std::future_status::ready);
   EXPECT_TRUE(drained.get()) << "every request in flight finished before the deadline";
-  ASSERT_EQ(r.done.get_future().wait_for(10s), std::future_status::ready);
+  ASSERT_EQ(r.done.wait_for(10s), std::future_status::ready);
   EXPECT_NE(r.text().find("data: [DONE]"), std::string::npos)
     << "the stream ended whole: " << r.text();
 }
@@ -412,7 +419,7 @@ TEST_F(gateway_test, a_stream_still_on_at_the_drain_deadline_ends_as_a_failure) 
   stream(r, "/v1/completions", R"({"model": "m", "prompt": "hi", "stream": true})");
   ASSERT_TRUE(test::eventually([&] { return !r.text().empty(); }));
   EXPECT_FALSE(gw->drain(100ms)) << "the engine holds its second event back";
-  ASSERT_EQ(r.done.get_future().wait_for(10s), std::future_status::ready);
+  ASSERT_EQ(r.done.wait_for(10s), std::future_status::ready);
   auto text = r.text();
   const std::string relayed = "data: {\"n\":1}\n\n";
   ASSERT_EQ(text.rfind(relayed, 0), 0u) << text;
@@ -554,11 +561,11 @@ TEST_F(gateway_test, a_request_sent_before_a_change_ends_on_the_old_entry) {
   };
   // Sends requests until e0 holds `n` (the others wait on e1).
   std::vector<std::unique_ptr<stream_reader>> sent;
-  std::vector<std::future<void>> ended;
+  std::vector<std::shared_future<void>> ended;
   auto until_e0_holds = [&](std::size_t n) {
     for (int i = 0; i < 8 && held_by_e0() < n; ++i) {
       sent.push_back(std::make_unique<stream_reader>());
-      ended.push_back(sent.back()->done.get_future());
+      ended.push_back(sent.back()->done);
       stream(*sent.back(), "/v1/completions", body_ids);
       test::eventually(
         [&] {
@@ -570,7 +577,7 @@ TEST_F(gateway_test, a_request_sent_before_a_change_ends_on_the_old_entry) {
     return held_by_e0() == n;
   };
   auto ends_seen = [&] {
-    return std::count_if(ended.begin(), ended.end(), [](const std::future<void>& f) {
+    return std::count_if(ended.begin(), ended.end(), [](const std::shared_future<void>& f) {
       return f.wait_for(0s) == std::future_status::ready;
     });
   };
