@@ -7,6 +7,7 @@
 #include "actors/subscriber.hpp"
 #include "base/log.hpp"
 #include "config/topology_change.hpp"
+#include "wire/address.hpp"
 
 #include <boost/json.hpp>
 #include <caf/actor_cast.hpp>
@@ -65,6 +66,31 @@ std::vector<opened_subscriber> bind_ranks(const agent_engine_config& e, std::str
       break; // a fixed port that does not bind will not bind on retry
   }
   return {};
+}
+
+/// Connects every rank's subscriber to an engine that binds its publisher:
+/// rank r at the port + r, as vLLM offsets it.
+std::vector<opened_subscriber> connect_ranks(const agent_engine_config& e, std::string& error) {
+  std::vector<opened_subscriber> ranks;
+  auto at = wire::parse_tcp_endpoint(e.events); // checked by the topology
+  if (!at) {
+    error = "events '" + e.events + "' is no tcp://HOST:PORT";
+    return ranks;
+  }
+  for (std::uint32_t r = 0; r < e.dp_size; ++r) {
+    subscriber_options opts;
+    opts.replica = e.replica;
+    opts.topic = e.topic;
+    opts.endpoint = wire::tcp_endpoint(*at, r);
+    opts.engine_binds = true;
+    auto opened = open_subscriber(opts);
+    if (!opened.socket) {
+      error = opened.error;
+      return {};
+    }
+    ranks.push_back(std::move(opened));
+  }
+  return ranks;
 }
 
 /// A base port with `count` consecutive free ports on loopback, for the
@@ -186,7 +212,7 @@ agent_engine start_engine(caf::actor_system& sys, const agent_config& cfg,
                 opened.error);
   } else if (e.kv_events) {
     std::string error;
-    ranks = bind_ranks(e, error);
+    ranks = e.events.empty() ? bind_ranks(e, error) : connect_ranks(e, error);
     if (ranks.empty())
       LLMGW_LOG(error, who, "starting without KV events, routed by prefix tree only: {}", error);
   }
@@ -208,15 +234,22 @@ agent_engine start_engine(caf::actor_system& sys, const agent_config& cfg,
       }
     }
   } else if (events && !e.replay_endpoint.empty()) {
-    replay[0] = e.replay_endpoint; // an attached engine's, rank 0's
+    // An attached engine's: vLLM offsets it per rank as it does the events.
+    if (auto at = wire::parse_tcp_endpoint(e.replay_endpoint))
+      for (std::uint32_t r = 0; r < e.dp_size; ++r)
+        replay[r] = wire::tcp_endpoint(*at, r);
   }
+  for (const auto& note : config::events_notes(e))
+    if (note.rfind("warning: ", 0) == 0)
+      LLMGW_LOG(warning, who, "{}", note.substr(9));
   std::vector<mirror_actor> mirrors;
   for (std::uint32_t r = 0; r < e.dp_size; ++r) {
     auto view = std::make_shared<mirror_view>();
     out.mirror_views.push_back({e.replica, r, view});
-    auto m = sys.spawn(
-      mirror, e.replica, r,
-      std::optional<kv::parity_config>(kv::parity_config{cfg.seed, cfg.block_size}), view);
+    auto m = sys.spawn(mirror, e.replica, r,
+                       std::optional<kv::parity_config>(
+                         kv::parity_config{cfg.seed, cfg.block_size, e.translate_keys}),
+                       view);
     out.actors.push_back(caf::actor_cast<caf::actor>(m));
     // Only replicas with events are forwarded: a replica without them must
     // reach the router as "no KV state" (tier 1), not as "holds nothing".

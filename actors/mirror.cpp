@@ -17,10 +17,18 @@ void apply_batch(mirror_state& st, const wire::event_batch& batch) {
   st.counters.removed += counts.removed;
   st.counters.ignored_removes += counts.ignored_removes;
   st.counters.verified_blocks += counts.verified;
+  st.counters.translated_blocks += counts.translated;
+  st.counters.untranslated_blocks += counts.untranslated;
   st.counters.resets[static_cast<int>(kv::reset_reason::clear)] += counts.clears;
-  if (before != kv::parity_state::mismatch && st.table.parity() == kv::parity_state::mismatch)
-    LLMGW_LOG(warning, "mirror " + st.replica, "hash mismatch, blocks not trusted: {}",
+  auto now = st.table.parity();
+  if (kv::routable(before) && !kv::routable(now))
+    LLMGW_LOG(warning, "mirror " + st.replica, "{}, blocks not trusted: {}",
+              now == kv::parity_state::mismatch ? "hash mismatch" : "blocks cannot be keyed",
               st.table.parity_message());
+  else if (before != now && now == kv::parity_state::translated)
+    LLMGW_LOG(info, "mirror " + st.replica,
+              "the engine hashes blocks its own way: they are keyed by the cluster's hash of "
+              "their tokens");
 }
 
 /// Publishes the table's state to the view, if there is one.

@@ -41,7 +41,7 @@ void apply_update(routing::router_core& core, routing::router_stats& stats, cons
   if (kv::emptied(u.totals) != kv::emptied(stats.totals[h]))
     core.forget_sent(u.replica);
   stats.totals[h] = u.totals;
-  if (was != kv::parity_state::mismatch && kv.info(h).parity == kv::parity_state::mismatch) {
+  if (kv::routable(was) && !kv::routable(kv.info(h).parity)) {
     ++stats.mismatches[u.replica];
     LLMGW_LOG(error, "router",
               "replica {} rank {} hashes blocks differently from llmgw: not "

@@ -41,6 +41,44 @@ bool serves(const std::string& model, const std::vector<std::string>& lora,
   return name == model || std::find(lora.begin(), lora.end(), name) != lora.end();
 }
 
+std::vector<std::string> events_notes(const engine_spec& e) {
+  std::vector<std::string> out;
+  if (!e.kv_events || !e.launch.empty())
+    return out;
+  auto ranks =
+    e.dp_size > 1 ? fmt::format(" (rank r at port + r, {} ranks)", e.dp_size) : std::string{};
+  if (!e.events.empty()) {
+    out.push_back(fmt::format(
+      "kv events: the agent connects to {}{}; the engine must bind there, as vLLM does for "
+      "its default endpoint tcp://*:5557 (an endpoint naming a host, tcp://127.0.0.1:5557 or "
+      "tcp://0.0.0.0:5557, makes vLLM connect out instead, and nothing arrives)",
+      e.events, ranks));
+    auto at = wire::parse_tcp_endpoint(e.events);
+    if (at && !wire::is_loopback(at->host))
+      out.push_back(fmt::format(
+        "warning: {}'s KV events come from {} across the network in plaintext and "
+        "unauthenticated: whoever can reach that port reads its prompts' token ids, and "
+        "whoever can answer for that address feeds its mirror; run the agent on the engine's "
+        "host or in its pod (SECURITY.md)",
+        e.replica, at->host));
+  } else {
+    out.push_back(fmt::format(
+      "kv events: the agent binds tcp://127.0.0.1:{}{}; start the engine with an endpoint that "
+      "connects there, --kv-events-config '{{\"endpoint\": \"tcp://127.0.0.1:{}\", ...}}' "
+      "(vLLM binds only for '*', '::', ipc:// and inproc://, so its default tcp://*:5557 would "
+      "not meet the agent: for an engine that binds, set events = \"tcp://HOST:PORT\")",
+      e.events_port, ranks, e.events_port));
+  }
+  if (!e.replay_endpoint.empty()) {
+    auto at = wire::parse_tcp_endpoint(e.replay_endpoint);
+    if (at && !wire::is_loopback(at->host))
+      out.push_back(fmt::format("warning: {}'s replay endpoint {} is reached across the network "
+                                "in plaintext and unauthenticated",
+                                e.replica, e.replay_endpoint));
+  }
+  return out;
+}
+
 bool topology::is_adapter(const std::string& name) const {
   for (const auto& n : nodes)
     for (const auto& e : n.engines)
@@ -532,8 +570,8 @@ void read_gateway(checker& c, const toml::value& doc, gateway_settings& g) {
 
 void read_engine(checker& c, const toml::value& t, const std::string& where, engine_spec& e) {
   c.only_keys(t, where,
-              {"replica", "model", "url", "lora", "kv_events", "events_port", "topic", "dp_size",
-               "launch", "replay", "replay_endpoint"});
+              {"replica", "model", "url", "lora", "kv_events", "events_port", "events", "topic",
+               "dp_size", "launch", "replay", "replay_endpoint", "block_keys"});
   c.read(t, where, "replica", e.replica, true);
   if (!e.replica.empty() && !valid_name(e.replica))
     c.problem(*c.find(t, "replica"),
@@ -553,6 +591,7 @@ void read_engine(checker& c, const toml::value& t, const std::string& where, eng
       c.problem(*c.find(t, "lora"), fmt::format("{}.lora lists '{}' twice", where, l));
   c.read(t, where, "kv_events", e.kv_events);
   c.read_number(t, where, "events_port", 0, 65535, e.events_port);
+  c.read(t, where, "events", e.events, false);
   c.read(t, where, "topic", e.topic, false);
   c.read_number(t, where, "dp_size", 1, 1024, e.dp_size);
   auto* launch = c.find(t, "launch");
@@ -567,16 +606,61 @@ void read_engine(checker& c, const toml::value& t, const std::string& where, eng
               fmt::format("{}.replay_endpoint is for attached engines; launched engines get one "
                           "from llmgw (replay = true)",
                           where));
-  if (!e.replay_endpoint.empty() && e.replay_endpoint.rfind("tcp://", 0) != 0)
-    c.problem(
-      *c.find(t, "replay_endpoint"),
-      fmt::format("{}.replay_endpoint '{}' must be tcp://HOST:PORT", where, e.replay_endpoint));
-  if (e.kv_events && e.launch.empty() && e.events_port == 0)
-    c.problem(t, fmt::format("{} (replica '{}') is attached with kv_events = true: set "
-                             "events_port to the port its --kv-events-config endpoint names",
+  if (!e.replay_endpoint.empty()) {
+    auto at = wire::parse_tcp_endpoint(e.replay_endpoint);
+    if (!at)
+      c.problem(*c.find(t, "replay_endpoint"),
+                fmt::format("{}.replay_endpoint '{}' must be tcp://HOST:PORT with the engine's "
+                            "address (vLLM binds its replay socket; '*' is no address to reach)",
+                            where, e.replay_endpoint));
+    else if (static_cast<std::uint32_t>(at->port) + e.dp_size - 1 > 65535)
+      c.problem(*c.find(t, "replay_endpoint"),
+                fmt::format("{}: replay_endpoint's port + dp_size - 1 exceeds 65535", where));
+  }
+  if (!e.events.empty()) {
+    auto at = wire::parse_tcp_endpoint(e.events);
+    auto* v = c.find(t, "events");
+    if (e.events.rfind("tcp://*:", 0) == 0)
+      c.problem(*v, fmt::format("{}.events '{}' is where vLLM binds, not where to reach it: "
+                                "write its host, e.g. tcp://127.0.0.1:{} (the agent connects "
+                                "there)",
+                                where, e.events, e.events.substr(8)));
+    else if (!at)
+      c.problem(*v, fmt::format("{}.events '{}' must be tcp://HOST:PORT: the address of a "
+                                "publisher that binds (vLLM's default endpoint tcp://*:5557)",
+                                where, e.events));
+    else if (static_cast<std::uint32_t>(at->port) + e.dp_size - 1 > 65535)
+      c.problem(*v, fmt::format("{}: the events port + dp_size - 1 exceeds 65535", where));
+    if (!e.launch.empty())
+      c.problem(*v, fmt::format("{}.events is for attached engines; llmgw tells a launched "
+                                "engine where to publish",
+                                where));
+    if (c.find(t, "events_port"))
+      c.problem(*v, fmt::format("{} sets both events (the engine binds, the agent connects) and "
+                                "events_port (the agent binds, the engine connects): choose one",
+                                where));
+    if (!e.kv_events)
+      c.problem(
+        *v, fmt::format("{}.events names where its KV events are: set kv_events = true", where));
+  }
+  if (e.kv_events && e.launch.empty() && e.events_port == 0 && e.events.empty())
+    c.problem(t, fmt::format("{} (replica '{}') is attached with kv_events = true: set events = "
+                             "\"tcp://HOST:PORT\" where its publisher binds (vLLM's default "
+                             "endpoint tcp://*:5557), or events_port to the port of an "
+                             "endpoint it connects to (tcp://127.0.0.1:PORT)",
                              where, e.replica));
   if (static_cast<std::uint32_t>(e.events_port) + e.dp_size - 1 > 65535)
     c.problem(t, fmt::format("{}: events_port + dp_size - 1 exceeds 65535", where));
+  std::string keys;
+  c.read(t, where, "block_keys", keys, false);
+  if (keys == "engine")
+    e.translate_keys = false;
+  else if (!keys.empty() && keys != "translate")
+    c.problem(*c.find(t, "block_keys"),
+              fmt::format("{}.block_keys '{}': \"translate\" (key blocks by the cluster's hash "
+                          "of their tokens, the default) or \"engine\" (use the engine's own "
+                          "hashes, checked)",
+                          where, keys));
 }
 
 void read_node(checker& c, const toml::value& t, std::size_t index, const topology& topo,

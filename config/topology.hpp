@@ -12,7 +12,8 @@
 //               health and metrics only), cert and key (PEM),
 //               fingerprints (the certificates it may present)
 //   [[node.engine]] (agent nodes) replica, model, url, lora, kv_events,
-//               events_port, topic, dp_size, launch, replay, replay_endpoint
+//               events_port or events, topic, dp_size, launch, replay,
+//               replay_endpoint, block_keys
 //
 // load_topology() reads and checks everything before anything starts and
 // reports every problem at once, each with FILE:LINE:COLUMN: unknown keys,
@@ -44,14 +45,28 @@ struct engine_spec {
   std::vector<std::string> lora; ///< LoRA adapters it serves, by name
   bool kv_events = false;        ///< tier 2: mirror its KV events
   std::uint16_t events_port = 0; ///< SUB port on the agent's loopback (0: any)
+  /// Attached engines whose publisher binds (vLLM's default tcp://*:5557):
+  /// where the agent connects, tcp://HOST:PORT; rank r at PORT + r.
+  std::string events;
   std::string topic;
   std::uint32_t dp_size = 1;
   std::vector<std::string> launch; ///< empty: attached (started by the operator)
   bool replay = true;              ///< launched engines get a replay endpoint
-  std::string replay_endpoint;     ///< attached engines: theirs, if any
+  /// Attached engines: theirs, if any (tcp://HOST:PORT; rank r at PORT + r).
+  std::string replay_endpoint;
+  /// Key blocks by the cluster's hash of their tokens (true, "translate"),
+  /// or use the engine's own hashes, which must then be the cluster's
+  /// (false, "engine": sha256_cbor with PYTHONHASHSEED = hash_seed).
+  bool translate_keys = true;
 
   bool serves(const std::string& name) const { return config::serves(model, lora, name); }
 };
+
+/// What an operator should know of how `e`'s KV events reach the agent:
+/// which side binds, how the engine must be started, and a line beginning
+/// "warning:" when its events cross the network in plaintext. `llmgw
+/// check` prints them; the agent logs the warnings. Empty without events.
+std::vector<std::string> events_notes(const engine_spec& e);
 
 /// A node's roles.
 struct node_roles {

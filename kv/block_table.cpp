@@ -58,6 +58,10 @@ const char* to_string(parity_state p) noexcept {
     return "verified";
   case parity_state::mismatch:
     return "mismatch";
+  case parity_state::translated:
+    return "translated";
+  case parity_state::untranslatable:
+    return "untranslatable";
   }
   return "unknown";
 }
@@ -74,15 +78,26 @@ apply_counts block_table::apply(const wire::event_batch& batch) {
     auto group = ev.group_idx.value_or(0);
     switch (ev.kind) {
     case wire::event_kind::block_stored:
-      check_parity(ev, counts);
-      for (const auto& h : ev.block_hashes)
-        store({h.key, where}, group);
+      if (translating()) {
+        translate_stored(ev, where, counts);
+        for (const auto& [key, kept] : keys_)
+          if (kept)
+            store({key, where}, group);
+      } else {
+        check_parity(ev, counts);
+        for (const auto& h : ev.block_hashes)
+          store({h.key, where}, group);
+      }
       counts.stored += ev.block_hashes.size();
       break;
     case wire::event_kind::block_removed:
-      for (const auto& h : ev.block_hashes)
-        if (!remove({h.key, where}, group))
+      for (const auto& h : ev.block_hashes) {
+        auto key = translating() ? cluster_key_of(h.key) : h.key;
+        if (!remove({key, where}, group))
           ++counts.ignored_removes;
+        else if (translating())
+          release(h.key);
+      }
       counts.removed += ev.block_hashes.size();
       break;
     case wire::event_kind::all_blocks_cleared:
@@ -151,6 +166,7 @@ void block_table::reset(reset_reason why) {
   refs_.clear();
   presence_.clear();
   digests_.clear();
+  keyed_.clear();
   fingerprint_ = 0;
   ++epoch_;
   parity_ = parity_state::unknown;
@@ -209,6 +225,148 @@ std::vector<block_ref> block_table::held() const {
 std::size_t block_table::pending_size(peer_id peer) const {
   auto it = peers_.find(peer);
   return it == peers_.end() ? 0 : it->second.changed.size();
+}
+
+void block_table::flag(parity_state state, std::string message, apply_counts& counts) {
+  if (!routable(parity_))
+    return; // the first problem says it; later ones add nothing
+  parity_ = state;
+  parity_message_ = std::move(message);
+  counts.mismatch_found = true;
+}
+
+wire::block_key block_table::cluster_key_of(wire::block_key engine_key) const {
+  auto it = keyed_.find(engine_key);
+  return it == keyed_.end() ? engine_key : wire::key_of(it->second.cluster);
+}
+
+void block_table::release(wire::block_key engine_key) {
+  auto it = keyed_.find(engine_key);
+  if (it != keyed_.end() && --it->second.copies == 0)
+    keyed_.erase(it);
+}
+
+void block_table::fallback(wire::block_key engine_key, apply_counts& counts) {
+  if (parity_ == parity_state::verified) {
+    keys_.emplace_back(engine_key, true); // the engine hashes the cluster's way
+    return;
+  }
+  keys_.emplace_back(0, false);
+  ++counts.untranslated;
+}
+
+void block_table::translate_stored(const wire::kv_event& ev, medium where, apply_counts& counts) {
+  keys_.clear();
+  const auto n = ev.block_hashes.size();
+  // A block seen before (a copy on another medium or in another group, or
+  // stored twice) keeps the cluster key it got then.
+  auto known = [&](std::size_t i) -> const keyed_block* {
+    auto it = keyed_.find(ev.block_hashes[i].key);
+    if (it == keyed_.end())
+      return nullptr;
+    ++it->second.copies;
+    keys_.emplace_back(wire::key_of(it->second.cluster), true);
+    return &it->second;
+  };
+  if (where != medium::gpu || ev.token_ids.empty()) {
+    // Offloading tiers publish placeholders without tokens: only blocks
+    // seen on the GPU can be keyed. A GPU store without tokens is an engine
+    // that cannot be translated at all.
+    if (where == medium::gpu)
+      flag(parity_state::untranslatable,
+           "the engine publishes stored GPU blocks without token ids: its blocks cannot be keyed "
+           "by the cluster's hash",
+           counts);
+    for (std::size_t i = 0; i < n; ++i)
+      if (!known(i))
+        fallback(ev.block_hashes[i].key, counts);
+    return;
+  }
+  const auto bs = hasher_->block_size();
+  if (ev.block_size != bs || ev.token_ids.size() != n * bs
+      || (ev.extra_keys && ev.extra_keys->size() != n)) {
+    if (ev.block_size != bs)
+      flag(parity_state::untranslatable,
+           fmt::format("the engine publishes block size {}, the cluster's is {}: start it with "
+                       "--block-size {} (a prefix hit in the engine is whole blocks of its own "
+                       "size, which the cluster's keys cannot say)",
+                       ev.block_size, bs, bs),
+           counts);
+    else
+      flag(parity_state::untranslatable,
+           fmt::format("a stored event of {} blocks carries {} token ids and {} extra keys", n,
+                       ev.token_ids.size(), ev.extra_keys ? ev.extra_keys->size() : 0),
+           counts);
+    for (std::size_t i = 0; i < n; ++i)
+      if (!known(i))
+        fallback(ev.block_hashes[i].key, counts);
+    return;
+  }
+  // The parent's cluster digest: the chain's root, a block held here, or
+  // (only if the engine turns out to hash the cluster's way) the engine's.
+  wire::digest parent = hasher_->root();
+  bool parent_is_cluster = true;
+  bool parent_known = true;
+  if (ev.parent_block_hash) {
+    const auto& p = *ev.parent_block_hash;
+    if (auto it = keyed_.find(p.key); it != keyed_.end()) {
+      parent = it->second.cluster;
+    } else if (p.digest_size == 32) {
+      std::copy(p.digest.begin(), p.digest.end(), parent.begin());
+      parent_is_cluster = false;
+    } else {
+      parent_known = false;
+    }
+  }
+  // Without extra keys (vLLM before 2026-02) a block is keyed only if its
+  // hash with none (or the LoRA name alone) proves equal to the engine's.
+  wire::block_extra lora_only;
+  if (!ev.extra_keys && ev.lora_name)
+    lora_only = std::vector<wire::extra_item>{wire::extra_item::of_text(*ev.lora_name)};
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto& published = ev.block_hashes[i];
+    if (const auto* k = known(i)) {
+      parent = k->cluster;
+      parent_is_cluster = parent_known = true;
+      continue;
+    }
+    if (!parent_known) {
+      fallback(published.key, counts);
+      continue; // its children's parent is unknown too
+    }
+    const auto& extra = ev.extra_keys ? (*ev.extra_keys)[i] : lora_only;
+    auto d = hasher_->hash_one(parent, ev.token_ids.data() + i * bs, bs, extra);
+    bool same = published.digest_size == 32
+                  ? std::equal(d.begin(), d.end(), published.digest.begin())
+                  : wire::key_of(d) == published.key;
+    if (same) {
+      ++counts.verified;
+      if (parity_ == parity_state::unknown)
+        parity_ = parity_state::verified;
+    } else if (!parent_is_cluster || !ev.extra_keys) {
+      // Without extra keys, a block unequal to the engine's is one with
+      // extra keys nobody published (multimodal, salt) if the engine has
+      // proved to hash the cluster's way; else the engine hashes another way.
+      if (!ev.extra_keys && parity_ != parity_state::verified)
+        flag(parity_state::untranslatable,
+             "the engine hashes another way and publishes no extra_keys (vLLM before 2026-02): "
+             "upgrade it, or start it with --prefix-caching-hash-algo sha256_cbor and "
+             "PYTHONHASHSEED="
+               + parity_config_->seed,
+             counts);
+      fallback(published.key, counts);
+      parent_known = false;
+      continue;
+    } else {
+      ++counts.translated;
+      if (routable(parity_))
+        parity_ = parity_state::translated;
+    }
+    keyed_.emplace(published.key, keyed_block{d, 1});
+    keys_.emplace_back(wire::key_of(d), true);
+    parent = d;
+    parent_is_cluster = true;
+  }
 }
 
 void block_table::flag_mismatch(std::string message) {

@@ -20,10 +20,24 @@
 // - A reset (gap, restart, AllBlocksCleared, engine exit) empties the table
 //   and bumps the epoch; every subscriber's next drain says "reset, epoch N"
 //   before any later change.
-// - Hash parity: stored GPU blocks whose parent digest is known (a first
-//   block, or one chained from a block checked here) are hashed again from
-//   the event's tokens and extra keys; one mismatch marks the table's blocks
-//   untrusted until the next reset.
+// - Hash parity (parity_config, translate = false): stored GPU blocks whose
+//   parent digest is known (a first block, or one chained from a block
+//   checked here) are hashed again from the event's tokens and extra keys;
+//   one mismatch marks the table's blocks untrusted until the next reset.
+// - Key translation (translate = true): every stored GPU block is keyed by
+//   the cluster's own hash (sha256_cbor under the cluster's seed, as the
+//   router hashes prompts) of the event's tokens, its parent's cluster
+//   digest and its extra keys, whatever the engine hashes with; the table
+//   keeps engine key -> cluster digest while the block is held, so removals,
+//   copies on other media and children's parent links resolve. A block
+//   whose cluster hash equals the engine's is the identity ("verified").
+//   A block that cannot be keyed (its parent unknown: stored before the
+//   subscriber joined or before a gap; a copy on another medium of a block
+//   never seen on the GPU) is left out and counted, except while every
+//   block so far proved the engine hashes the cluster's way, when its own
+//   key is used as today. What makes a whole engine untranslatable
+//   (another block size, no token ids, no extra keys while hashing another
+//   way) marks it so until the next reset: not routed on its blocks.
 #pragma once
 
 #include "wire/block_hash.hpp"
@@ -91,15 +105,24 @@ static_assert(static_cast<std::size_t>(reset_reason::decode_error) + 1 == reset_
               "reset_reason_count counts every reset_reason");
 const char* to_string(reset_reason r) noexcept;
 
-/// Whether the engine's hashes are what llmgw computes.
+/// Whether the engine's hashes are what llmgw computes, or are translated
+/// into what it computes. The values are sent between nodes: new ones go
+/// at the end.
 enum class parity_state : std::uint8_t {
-  unknown,  ///< no block could be checked yet
-  verified, ///< blocks were checked, every one matched
-  mismatch, ///< a block did not match: do not route on this table
+  unknown,        ///< no block could be checked yet
+  verified,       ///< blocks were checked, every one matched
+  mismatch,       ///< a block did not match (translate = false): do not route on this table
+  translated,     ///< the engine hashes another way; blocks are keyed by the cluster's hash
+  untranslatable, ///< blocks cannot be keyed the cluster's way: do not route on this table
 };
 /// The last parity state: values from the network above it are refused.
-inline constexpr parity_state last_parity_state = parity_state::mismatch;
+inline constexpr parity_state last_parity_state = parity_state::untranslatable;
 const char* to_string(parity_state p) noexcept;
+
+/// Whether a table in state `p` may be routed on.
+inline bool routable(parity_state p) noexcept {
+  return p != parity_state::mismatch && p != parity_state::untranslatable;
+}
 
 /// Counts from applying one batch.
 struct apply_counts {
@@ -108,7 +131,9 @@ struct apply_counts {
   std::size_t ignored_removes = 0; ///< removes of keys not held
   std::size_t clears = 0;          ///< AllBlocksCleared events (each a reset)
   std::size_t verified = 0;        ///< blocks whose hash was recomputed and matched
-  bool mismatch_found = false;     ///< this batch turned parity to mismatch
+  std::size_t translated = 0;      ///< blocks keyed by the cluster's hash, not the engine's
+  std::size_t untranslated = 0;    ///< stored blocks left out: no cluster key could be made
+  bool mismatch_found = false;     ///< this batch made parity mismatch or untranslatable
 };
 
 /// A mirror's running totals since the agent started. Every update carries
@@ -119,6 +144,8 @@ struct mirror_totals {
   std::uint64_t removed = 0;                     ///< block hashes removed
   std::uint64_t ignored_removes = 0;             ///< removes of blocks not held
   std::uint64_t verified_blocks = 0;             ///< blocks whose hash was recomputed and matched
+  std::uint64_t translated_blocks = 0;           ///< blocks keyed by translation
+  std::uint64_t untranslated_blocks = 0;         ///< stored blocks that could not be keyed
   std::uint64_t resets[reset_reason_count] = {}; ///< by reset_reason
 };
 
@@ -132,10 +159,12 @@ inline std::uint64_t emptied(const mirror_totals& t) noexcept {
 /// Identifies a subscriber of a table.
 using peer_id = std::uint64_t;
 
-/// Parameters of hash parity: the cluster's seed and block size.
+/// Parameters of hash parity: the cluster's seed and block size, and
+/// whether to translate the engine's keys into the cluster's.
 struct parity_config {
-  std::string seed;            ///< PYTHONHASHSEED of the engine
-  std::size_t block_size = 16; ///< --block-size of the engine
+  std::string seed;            ///< the cluster's hash_seed (the router's NONE_HASH)
+  std::size_t block_size = 16; ///< the cluster's block size
+  bool translate = false;      ///< key blocks by the cluster's hash (see the top)
 };
 
 class block_table {
@@ -179,8 +208,12 @@ public:
   /// an engine exit the engine is truly empty: not partial.
   bool partial() const noexcept { return partial_; }
 
-  /// Why parity is `mismatch`: which block, and the flags the engine needs.
+  /// Why parity is `mismatch` or `untranslatable`: which block, and what
+  /// the engine needs.
   const std::string& parity_message() const noexcept { return parity_message_; }
+
+  /// Engine keys whose cluster digest the table keeps (translate = true).
+  std::size_t translations() const noexcept { return keyed_.size(); }
 
   /// Entries kept for `peer`'s pending changes (for tests of the bound).
   std::size_t pending_size(peer_id peer) const;
@@ -215,6 +248,18 @@ private:
   void renewed(const block_ref& ref);
   void check_parity(const wire::kv_event& ev, apply_counts& counts);
   void flag_mismatch(std::string message);
+  void flag(parity_state state, std::string message, apply_counts& counts);
+  bool translating() const noexcept { return parity_config_ && parity_config_->translate; }
+  /// The cluster keys of a stored event's blocks into `keys_` (0 entries
+  /// for blocks left out; see the top).
+  void translate_stored(const wire::kv_event& ev, medium where, apply_counts& counts);
+  /// A block that cannot be hashed here: its own key while the engine has
+  /// proved to hash the cluster's way, else left out.
+  void fallback(wire::block_key engine_key, apply_counts& counts);
+  /// The cluster key for a removal of `engine_key`.
+  wire::block_key cluster_key_of(wire::block_key engine_key) const;
+  /// One held copy of `engine_key`'s translated block went away.
+  void release(wire::block_key engine_key);
 
   std::unordered_map<group_key, std::uint32_t, group_key_hash> refs_;
   std::unordered_map<block_ref, std::uint32_t, block_ref_hash> presence_; ///< live groups
@@ -226,6 +271,13 @@ private:
   std::optional<parity_config> parity_config_;
   std::optional<wire::block_hasher> hasher_;
   std::unordered_map<wire::block_key, wire::digest> digests_; ///< checked GPU blocks' full digests
+  /// translate = true: what an engine key stands for while held.
+  struct keyed_block {
+    wire::digest cluster; ///< the cluster's digest of the block
+    std::uint32_t copies; ///< stores not removed yet, over media and groups
+  };
+  std::unordered_map<wire::block_key, keyed_block> keyed_;
+  std::vector<std::pair<wire::block_key, bool>> keys_; ///< translate_stored's output: key, kept
   parity_state parity_ = parity_state::unknown;
   std::string parity_message_;
 };

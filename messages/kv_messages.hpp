@@ -30,7 +30,8 @@ static_assert(reset_reason_count == 5, "inspect(mirror_totals) lists each reset 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, mirror_totals& x) {
   return f(caf::meta::type_name("mirror_totals"), x.batches, x.stored, x.removed, x.ignored_removes,
-           x.verified_blocks, x.resets[0], x.resets[1], x.resets[2], x.resets[3], x.resets[4]);
+           x.verified_blocks, x.translated_blocks, x.untranslated_blocks, x.resets[0], x.resets[1],
+           x.resets[2], x.resets[3], x.resets[4]);
 }
 
 /// Serializes a block as (key, medium); the enum goes as its integer.

@@ -44,7 +44,8 @@ std::string update_mac(std::string_view key, const replica_update& u) {
   put(bytes, u.added);
   put(bytes, u.removed);
   const auto& t = u.totals;
-  for (auto v : {t.batches, t.stored, t.removed, t.ignored_removes, t.verified_blocks})
+  for (auto v : {t.batches, t.stored, t.removed, t.ignored_removes, t.verified_blocks,
+                 t.translated_blocks, t.untranslated_blocks})
     put(bytes, v);
   for (auto v : t.resets)
     put(bytes, v);

@@ -34,7 +34,7 @@ void bound(zmq::socket_t& s, const kv_event_socket_options& opts) {
 kv_event_socket::kv_event_socket(const kv_event_socket_options& opts)
   : impl_(std::make_unique<impl>()) {
   impl_->opts = opts;
-  bool connect = wire::publisher_binds(opts.endpoint);
+  bool connect = opts.engine_binds || wire::publisher_binds(opts.endpoint);
   const char* step = connect ? "connect" : "bind";
   const std::string& where = opts.endpoint;
   try {

@@ -1,8 +1,10 @@
 // One engine's KV event stream as sockets, and the loop that follows it. The
 // SUB socket goes where vLLM's publisher is: bound where vLLM connects (a tcp
-// address), connected where vLLM binds (an ipc:// path; wire::publisher_binds
-// is vLLM's rule). A DEALER goes to the engine's replay endpoint when it has
-// one. Both are bounded: a message bigger than the decoder's payload limit
+// address), connected where vLLM binds (an ipc:// path, wire::publisher_binds
+// being vLLM's rule; or the address of an engine bound at tcp://*:PORT,
+// engine_binds). A connected SUB reconnects by itself (ZeroMQ retries every
+// 100 ms) when the publisher restarts or the network drops it. A DEALER goes to the engine's replay
+// endpoint when it has one. Both are bounded: a message bigger than the decoder's payload limit
 // drops the connection, and a full receive queue drops messages (a gap, which
 // replay fills). pump() reads what arrived, feeds kv::event_stream, sends
 // the replay requests it asks for and hands every action on. The agent's
@@ -24,6 +26,9 @@ namespace llmgw {
 struct kv_event_socket_options {
   /// vLLM's endpoint: tcp (port 0: any free port, when bound) or ipc://.
   std::string endpoint = "tcp://127.0.0.1:0";
+  /// The endpoint is the address of a publisher that binds (vLLM's
+  /// tcp://*:5557 as reached from here): connect to it whatever it says.
+  bool engine_binds = false;
   std::string topic;                        ///< subscription prefix; empty: everything
   std::string replay;                       ///< the engine's replay endpoint, or empty
   std::size_t max_message_bytes = 8u << 20; ///< the decoder's payload limit

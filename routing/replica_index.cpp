@@ -280,7 +280,7 @@ std::vector<holder_id> replica_index::holders_of(std::string_view replica) const
 
 bool replica_index::trusted(holder_id h) const {
   const auto& info = holders_[h];
-  return info.has_state && info.parity != kv::parity_state::mismatch;
+  return info.has_state && kv::routable(info.parity);
 }
 
 void replica_index::trusted_holders(std::string_view replica, std::vector<holder_id>& out) const {

@@ -8,8 +8,9 @@
 //   session's full copy, or the mirror's reset with a new epoch).
 // - A change for an epoch older than the holder's is stale (a late message
 //   from before a reset) and is ignored.
-// - A replica is trusted for routing while its parity is not "mismatch" and
-//   it has KV state at all (a full copy arrived and was not dropped since).
+// - A replica is trusted for routing while its parity is routable (not
+//   "mismatch", not "untranslatable") and it has KV state at all (a full copy arrived and was not
+//   dropped since).
 // - Dropping a replica (its node went down) forgets its blocks; it is not
 //   trusted again until a new full copy arrives.
 // - Speculative entries: when a request is routed, its prompt's blocks are

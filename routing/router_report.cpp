@@ -83,7 +83,7 @@ std::string kv_replicas_json(const router_core& core, const router_stats& stats,
       x["trusted"] = kv.trusted(h);
       x["partial"] = info.partial;
       x["parity"] = to_string(info.parity);
-      x["hash_mismatch"] = info.parity == kv::parity_state::mismatch;
+      x["hash_mismatch"] = !kv::routable(info.parity);
       x["updates"] = info.updates;
       x["resets"] = info.resets;
       x["fingerprint"] = fmt::format("{:016x}", info.fingerprint);
@@ -98,6 +98,8 @@ std::string kv_replicas_json(const router_core& core, const router_stats& stats,
         a["stored"] = t.stored;
         a["removed"] = t.removed;
         a["verified_blocks"] = t.verified_blocks;
+        a["translated_blocks"] = t.translated_blocks;
+        a["untranslated_blocks"] = t.untranslated_blocks;
         for (std::size_t reason = 0; reason < kv::reset_reason_count; ++reason)
           resets[to_string(static_cast<kv::reset_reason>(reason))] = t.resets[reason];
         a["resets"] = std::move(resets);
@@ -299,8 +301,12 @@ void append_router_metrics(wire::metrics_text& m, const router_core& core,
               "not fill): scored by the better of the index and tier 1 until its cache is emptied.",
               info.partial ? 1 : 0, labels);
       m.gauge("llmgw_kv_hash_mismatch",
-              "1 when the engine's block hashes differ from llmgw's (fix its seed and hash algo).",
-              info.parity == kv::parity_state::mismatch ? 1 : 0, labels);
+              "1 when the engine's blocks cannot be keyed by llmgw's hashes (the agent's log says "
+              "why): not routed on its KV state.",
+              kv::routable(info.parity) ? 0 : 1, labels);
+      m.gauge("llmgw_kv_keys_translated",
+              "1 when the engine hashes blocks its own way and the agent keys them by llmgw's.",
+              info.parity == kv::parity_state::translated ? 1 : 0, labels);
       m.counter("llmgw_kv_updates_total", "Agent changes applied per replica rank.",
                 static_cast<double>(info.updates), labels);
       if (info.updates > 0)
@@ -323,6 +329,14 @@ void append_router_metrics(wire::metrics_text& m, const router_core& core,
         m.counter("llmgw_kv_blocks_verified_total",
                   "Stored blocks whose hash the agent recomputed and found equal.",
                   static_cast<double>(t.verified_blocks), labels);
+        m.counter("llmgw_kv_blocks_translated_total",
+                  "Stored blocks the agent keyed by llmgw's hash of their tokens, not the "
+                  "engine's.",
+                  static_cast<double>(t.translated_blocks), labels);
+        m.counter("llmgw_kv_blocks_untranslated_total",
+                  "Stored blocks the agent left out: no llmgw key could be made (parent "
+                  "unknown, or the engine cannot be translated).",
+                  static_cast<double>(t.untranslated_blocks), labels);
         for (std::size_t reason = 0; reason < kv::reset_reason_count; ++reason)
           m.counter("llmgw_kv_resets_total",
                     "KV state resets by reason: the agent's (gap, restart, clear, engine_exit, "

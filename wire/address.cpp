@@ -35,6 +35,23 @@ std::optional<host_port> parse_http_url(std::string_view url) {
   return parse_host_port(rest);
 }
 
+std::optional<host_port> parse_tcp_endpoint(std::string_view endpoint) {
+  constexpr std::string_view scheme = "tcp://";
+  if (endpoint.substr(0, scheme.size()) != scheme)
+    return std::nullopt;
+  auto at = parse_host_port(endpoint.substr(scheme.size()));
+  if (!at || at->host == "*" || at->host.find('/') != std::string::npos)
+    return std::nullopt;
+  return at;
+}
+
+std::string tcp_endpoint(const host_port& at, std::uint32_t offset) {
+  auto port = std::to_string(static_cast<std::uint32_t>(at.port) + offset);
+  if (at.host.find(':') != std::string::npos)
+    return "tcp://[" + at.host + "]:" + port;
+  return "tcp://" + at.host + ":" + port;
+}
+
 bool is_loopback(std::string_view host) {
   if (host == "localhost" || host == "::1")
     return true;

@@ -23,6 +23,15 @@ std::optional<host_port> parse_host_port(std::string_view s);
 /// and no path; nullopt otherwise.
 std::optional<host_port> parse_http_url(std::string_view url);
 
+/// A ZeroMQ tcp endpoint to connect to: "tcp://HOST:PORT" (an IPv6 address
+/// in brackets); nullopt otherwise, and for a wildcard host ("*"), which is
+/// where a socket binds, not an address to reach.
+std::optional<host_port> parse_tcp_endpoint(std::string_view endpoint);
+
+/// "tcp://HOST:PORT" for `at` with `offset` added to its port (vLLM's
+/// data-parallel rank r is at the port + r); the caller checks the range.
+std::string tcp_endpoint(const host_port& at, std::uint32_t offset = 0);
+
 /// True for "localhost", "::1" and 127.0.0.0/8 as a dotted address.
 bool is_loopback(std::string_view host);
 

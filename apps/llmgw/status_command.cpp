@@ -98,7 +98,7 @@ const json::value* at(const json::object& o, std::initializer_list<const char*> 
 /// Prints a line per replica; returns, per node, its replicas with KV state
 /// and all its replicas.
 std::map<std::string, std::pair<int, int>> print_replicas(const json::array& replicas) {
-  fmt::print("{:<14} {:<12} {:<5} {:<8} {:<9} {:>8} {:>9} {:<10} {:>6} {:>8} {:>8}\n", "REPLICA",
+  fmt::print("{:<14} {:<12} {:<5} {:<8} {:<14} {:>8} {:>9} {:<10} {:>6} {:>8} {:>8}\n", "REPLICA",
              "NODE", "UP", "TRUSTED", "PARITY", "BLOCKS", "UPDATED", "DISTRUST", "FLIGHT",
              "RUN/WAIT", "KV USE");
   std::map<std::string, std::pair<int, int>> nodes; // node -> (with state, replicas)
@@ -115,10 +115,15 @@ std::map<std::string, std::pair<int, int>> print_replicas(const json::array& rep
         if (!x)
           continue;
         has_state = has_state || (at(*x, {"has_state"}) && cell(at(*x, {"has_state"})) == "yes");
-        // The worst rank's: mismatch, then unknown, then verified.
+        // The worst rank's: not routable, then unknown, then translated, then
+        // verified.
         auto p = cell(at(*x, {"parity"}));
         auto rank_of = [](const std::string& s) {
-          return s == "mismatch" ? 3 : s == "unknown" ? 2 : s == "verified" ? 1 : 0;
+          return s == "mismatch" || s == "untranslatable" ? 4
+                 : s == "unknown"                         ? 3
+                 : s == "translated"                      ? 2
+                 : s == "verified"                        ? 1
+                                                          : 0;
         };
         if (rank_of(p) > rank_of(parity))
           parity = p;
@@ -140,7 +145,7 @@ std::map<std::string, std::pair<int, int>> print_replicas(const json::array& rep
     }
     bool kv_events = at(*r, {"kv_events"}) && cell(at(*r, {"kv_events"})) == "yes";
     bool down = at(*r, {"down"}) && cell(at(*r, {"down"})) == "yes";
-    fmt::print("{:<14} {:<12} {:<5} {:<8} {:<9} {:>8} {:>9} {:<10} {:>6} {:>8} {:>8}\n",
+    fmt::print("{:<14} {:<12} {:<5} {:<8} {:<14} {:>8} {:>9} {:<10} {:>6} {:>8} {:>8}\n",
                cell(at(*r, {"replica"})), node, down ? "no" : "yes",
                kv_events ? cell(at(*r, {"trusted"})) : "no events", kv_events ? parity : "-",
                kv_events ? cell(at(*r, {"blocks"})) : "-", updated,

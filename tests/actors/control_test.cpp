@@ -287,7 +287,7 @@ TEST_F(control_test, enum_values_out_of_range_are_refused_and_counted) {
   bad_medium.mac = update_mac(a.key, bad_medium);
   send_raw(a, bad_medium);
   auto bad_parity = update(a, "a0", {4}, false);
-  bad_parity.parity = 3;
+  bad_parity.parity = static_cast<std::uint8_t>(kv::last_parity_state) + 1;
   bad_parity.mac = update_mac(a.key, bad_parity);
   send_raw(a, bad_parity);
   EXPECT_EQ(refused("agent-a", "malformed"), 2u);

@@ -7,6 +7,7 @@
 
 #include <random>
 #include <set>
+#include <unordered_map>
 
 using namespace llmgw;
 using namespace llmgw::kv;
@@ -357,3 +358,182 @@ INSTANTIATE_TEST_SUITE_P(vllm_captures, block_table_capture,
                                c = '_';
                            return name;
                          });
+
+// Key translation: blocks keyed by the cluster's hash of their tokens,
+// whatever the engine hashes with. The captures were recorded with seed "0";
+// a cluster with seed "1" is an engine hashing "another way" (as vLLM's
+// default sha256 over pickle is), and the keys the router computes for the
+// captured requests' prompts with seed "1" are what the table must hold.
+namespace {
+
+/// Engine key -> the cluster's key for every block of the capture's
+/// requests, as the router hashes their prompts with `seed`.
+std::unordered_map<block_key, block_key> router_keys(const json::value& doc,
+                                                     const std::string& seed) {
+  std::unordered_map<block_key, block_key> out;
+  bool ints = json::value_to<std::string>(doc.at("hash_encoding")) == "int";
+  block_hasher hasher(seed, 16);
+  for (const auto& r : doc.at("requests").as_array()) {
+    auto tokens = json::value_to<std::vector<std::uint32_t>>(r.at("tokens"));
+    extra_key_recipe extras;
+    if (!r.at("lora_name").is_null())
+      extras.lora_name = json::value_to<std::string>(r.at("lora_name"));
+    if (!r.at("cache_salt").is_null())
+      extras.cache_salt = json::value_to<std::string>(r.at("cache_salt"));
+    auto mine = hasher.hash(tokens, extras);
+    const auto& theirs = r.at(ints ? "block_hashes_u64" : "block_hashes_hex").as_array();
+    EXPECT_EQ(mine.size(), theirs.size()) << r.at("id");
+    for (std::size_t i = 0; i < std::min(mine.size(), theirs.size()); ++i) {
+      auto engine = ints ? theirs[i].to_number<block_key>()
+                         : key_of(*digest_from_hex(json::value_to<std::string>(theirs[i])));
+      out[engine] = mine[i].key;
+    }
+  }
+  return out;
+}
+
+std::vector<block_ref> translated(const std::vector<block_ref>& engine_blocks,
+                                  const std::unordered_map<block_key, block_key>& keys) {
+  std::vector<block_ref> out;
+  for (const auto& b : engine_blocks) {
+    auto it = keys.find(b.key);
+    EXPECT_NE(it, keys.end()) << "a held block of no captured request: " << b.key;
+    if (it != keys.end())
+      out.push_back({it->second, b.where});
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+/// Held keys, a copy on the GPU and one on the CPU counted once.
+std::size_t distinct_keys(const block_table& t) {
+  std::set<block_key> keys;
+  for (const auto& b : t.held())
+    keys.insert(b.key);
+  return keys.size();
+}
+
+parity_config translating(std::string seed, std::size_t block_size = 16) {
+  return parity_config{std::move(seed), block_size, true};
+}
+
+} // namespace
+
+TEST_P(block_table_capture, translation_of_the_clusters_own_hashes_is_the_identity) {
+  auto run = run_capture(GetParam(), translating("0"));
+  EXPECT_EQ(run.table.held(), run.expected);
+  EXPECT_EQ(run.totals.ignored_removes, 0u);
+  EXPECT_FALSE(run.totals.mismatch_found) << run.table.parity_message();
+  if (GetParam().find("S4_clear") == std::string::npos) {
+    EXPECT_EQ(run.table.parity(), parity_state::verified) << GetParam();
+  }
+  EXPECT_EQ(run.table.translations(), distinct_keys(run.table)) << "one entry per held block";
+}
+
+TEST_P(block_table_capture, an_engine_hashing_another_way_is_keyed_as_the_router_hashes) {
+  auto doc = llmgw::test::read_json(llmgw::test::capture_path(GetParam()));
+  auto keys = router_keys(doc, "1");
+  auto run = run_capture(GetParam(), translating("1"));
+  EXPECT_EQ(run.table.held(), translated(run.expected, keys))
+    << "every held block under the key the router computes for its prompt";
+  EXPECT_EQ(run.totals.ignored_removes, 0u) << "every removal resolved to its cluster key";
+  EXPECT_FALSE(run.totals.mismatch_found) << run.table.parity_message();
+  EXPECT_TRUE(routable(run.table.parity()));
+  if (GetParam().find("S4_clear") == std::string::npos) {
+    EXPECT_EQ(run.table.parity(), parity_state::translated) << GetParam();
+  }
+  EXPECT_EQ(run.table.translations(), distinct_keys(run.table))
+    << "entries leave with their blocks";
+}
+
+TEST(block_table_translation, a_late_subscriber_leaves_out_blocks_whose_parent_it_never_saw) {
+  auto doc = llmgw::test::read_json(llmgw::test::capture_path("S1_basic.map.int.json"));
+  auto keys = router_keys(doc, "1");
+  block_table table(translating("1"));
+  apply_counts totals;
+  const auto& frames = doc.at("frames").as_array();
+  for (std::size_t i = 1; i < frames.size(); ++i) { // the first batch was missed
+    auto b =
+      decode_batch(llmgw::test::from_hex(json::value_to<std::string>(frames[i].at("payload_hex"))));
+    ASSERT_TRUE(b);
+    auto c = table.apply(*b);
+    totals.untranslated += c.untranslated;
+    totals.translated += c.translated;
+  }
+  EXPECT_GT(totals.untranslated, 0u) << "children of the missed system prompt";
+  EXPECT_GT(totals.translated, 0u) << "blocks chained from the root still are keyed";
+  std::set<block_key> cluster;
+  for (const auto& [engine, key] : keys)
+    cluster.insert(key);
+  for (const auto& b : table.held())
+    EXPECT_EQ(cluster.count(b.key), 1u) << "only the router's keys, never an engine's";
+  EXPECT_EQ(table.parity(), parity_state::translated);
+}
+
+TEST(block_table_translation, copies_on_other_media_follow_the_gpu_blocks_key) {
+  auto doc = llmgw::test::read_json(llmgw::test::capture_path("S1_basic.map.int.json"));
+  auto keys = router_keys(doc, "1");
+  auto b = decode_batch(
+    llmgw::test::from_hex(json::value_to<std::string>(doc.at("frames").at(0).at("payload_hex"))));
+  ASSERT_TRUE(b);
+  block_table table(translating("1"));
+  table.apply(*b);
+  auto engine = b->events.at(0).block_hashes.at(0).key;
+  auto cluster = keys.at(engine);
+  ASSERT_TRUE(table.holds({cluster, medium::gpu}));
+  // Offloaded: a CPU copy without tokens, then the GPU copy evicted.
+  table.apply(batch({stored({engine}, "CPU"), removed({engine}, "GPU")}));
+  EXPECT_FALSE(table.holds({cluster, medium::gpu}));
+  EXPECT_TRUE(table.holds({cluster, medium::cpu})) << "the CPU copy keeps the cluster key";
+  EXPECT_FALSE(table.holds({engine, medium::cpu}));
+  auto before = table.translations();
+  auto c = table.apply(batch({removed({engine}, "CPU")}));
+  EXPECT_EQ(c.ignored_removes, 0u);
+  EXPECT_FALSE(table.holds({cluster, medium::cpu}));
+  EXPECT_EQ(table.translations(), before - 1) << "the last copy gone, its entry goes";
+  // A CPU copy of a block never seen on the GPU cannot be keyed.
+  c = table.apply(batch({stored({12345}, "CPU")}));
+  EXPECT_EQ(c.untranslated, 1u);
+  EXPECT_FALSE(table.holds({12345, medium::cpu}));
+}
+
+TEST(block_table_translation, what_cannot_be_translated_says_why_and_is_not_routed) {
+  auto doc = llmgw::test::read_json(llmgw::test::capture_path("S1_basic.map.int.json"));
+  auto first = decode_batch(
+    llmgw::test::from_hex(json::value_to<std::string>(doc.at("frames").at(0).at("payload_hex"))));
+  ASSERT_TRUE(first);
+  {
+    block_table table(translating("1", 32)); // llm-d's and others' sizes differ
+    auto c = table.apply(*first);
+    EXPECT_TRUE(c.mismatch_found);
+    EXPECT_EQ(table.parity(), parity_state::untranslatable);
+    EXPECT_FALSE(routable(table.parity()));
+    EXPECT_NE(table.parity_message().find("--block-size 32"), std::string::npos)
+      << table.parity_message();
+    EXPECT_EQ(c.untranslated, c.stored) << "no block is keyed by a guess";
+    table.reset(reset_reason::restart);
+    EXPECT_EQ(table.parity(), parity_state::unknown) << "a restarted engine is checked afresh";
+  }
+  {
+    auto b = *first;
+    b.events.at(0).token_ids.clear();
+    block_table table(translating("1"));
+    table.apply(b);
+    EXPECT_EQ(table.parity(), parity_state::untranslatable);
+    EXPECT_NE(table.parity_message().find("without token ids"), std::string::npos);
+  }
+  {
+    auto b = *first; // an engine too old to publish extra keys
+    for (auto& ev : b.events)
+      ev.extra_keys.reset();
+    block_table other(translating("1"));
+    other.apply(b);
+    EXPECT_EQ(other.parity(), parity_state::untranslatable);
+    EXPECT_NE(other.parity_message().find("publishes no extra_keys"), std::string::npos);
+    block_table same(translating("0"));
+    auto c = same.apply(b);
+    EXPECT_EQ(same.parity(), parity_state::verified)
+      << "hashed the cluster's way, its blocks prove so without extra keys";
+    EXPECT_EQ(c.untranslated, 0u);
+  }
+}

@@ -375,7 +375,7 @@ TEST(topology, roles_need_what_they_use) {
 
 TEST(topology, engines_are_checked) {
   auto p = problems_of(replace(valid_text(), "events_port = 5557\n", ""));
-  EXPECT_TRUE(has_problem(p, 25, "is attached with kv_events = true: set events_port"));
+  EXPECT_TRUE(has_problem(p, 25, "is attached with kv_events = true: set events = "));
   p = problems_of(replace(valid_text(), "http://127.0.0.1:8001", "https://gpu/v1"));
   EXPECT_TRUE(has_problem(p, 28, "must be http://HOST:PORT"));
   p = problems_of(valid_text() + "launch = []\n");
@@ -388,6 +388,72 @@ TEST(topology, engines_are_checked) {
   EXPECT_TRUE(has_problem(p, 32, "unknown key 'replica_id'"));
   p = problems_of(replace(valid_text(), "replica = \"a0\"", "replica = \"a 0\""));
   EXPECT_TRUE(has_problem(p, 26, "replica 'a 0': use letters"));
+}
+
+TEST(topology, an_engine_that_binds_is_reached_at_its_address) {
+  auto text = replace(valid_text(), "events_port = 5557\n", "");
+  auto t = parse(text
+                 + "events = \"tcp://10.0.0.5:5557\"\ndp_size = 2\n"
+                   "replay_endpoint = \"tcp://10.0.0.5:5600\"\n");
+  ASSERT_TRUE(t.value);
+  const auto& e = t.value->find_node("agent-a")->engines.at(0);
+  EXPECT_EQ(e.events, "tcp://10.0.0.5:5557");
+  EXPECT_TRUE(e.translate_keys) << "the default: keyed by the cluster's hash";
+  auto notes = events_notes(e);
+  ASSERT_EQ(notes.size(), 3u);
+  EXPECT_NE(notes[0].find("connects to tcp://10.0.0.5:5557 (rank r at port + r, 2 ranks)"),
+            std::string::npos)
+    << notes[0];
+  EXPECT_NE(notes[0].find("tcp://127.0.0.1:5557 or tcp://0.0.0.0:5557, makes vLLM connect out"),
+            std::string::npos)
+    << "the trap is explained";
+  EXPECT_EQ(notes[1].rfind("warning: a0's KV events come from 10.0.0.5", 0), 0u) << notes[1];
+  EXPECT_NE(notes[1].find("plaintext and unauthenticated"), std::string::npos);
+  EXPECT_EQ(notes[2].rfind("warning: a0's replay endpoint", 0), 0u) << notes[2];
+  auto local = parse(text + "events = \"tcp://[::1]:5557\"\n");
+  ASSERT_TRUE(local.value);
+  EXPECT_EQ(events_notes(local.value->find_node("agent-a")->engines.at(0)).size(), 1u)
+    << "loopback: no warning";
+
+  auto p = problems_of(text + "events = \"tcp://*:5557\"\n");
+  EXPECT_TRUE(has_problem(p, 30,
+                          "is where vLLM binds, not where to reach it: write its host, "
+                          "e.g. tcp://127.0.0.1:5557"));
+  p = problems_of(text + "events = \"ipc:///tmp/x\"\n");
+  EXPECT_TRUE(has_problem(p, 30, "must be tcp://HOST:PORT"));
+  p = problems_of(valid_text() + "events = \"tcp://10.0.0.5:5557\"\n");
+  EXPECT_TRUE(has_problem(p, 31,
+                          "sets both events (the engine binds, the agent connects) and "
+                          "events_port"));
+  p = problems_of(replace(text, "kv_events = true\n", "") + "events = \"tcp://h:5557\"\n");
+  EXPECT_TRUE(has_problem(p, 29, "events names where its KV events are: set kv_events = true"));
+  p = problems_of(text + "events = \"tcp://h:65535\"\ndp_size = 2\n");
+  EXPECT_TRUE(has_problem(p, 30, "the events port + dp_size - 1 exceeds 65535"));
+  p = problems_of(text + "events = \"tcp://h:5557\"\nreplay_endpoint = \"tcp://*:5558\"\n");
+  EXPECT_TRUE(has_problem(p, 31, "must be tcp://HOST:PORT with the engine's address"));
+}
+
+TEST(topology, block_keys_say_whose_hashes_key_the_blocks) {
+  auto t = parse(valid_text() + "block_keys = \"engine\"\n");
+  ASSERT_TRUE(t.value);
+  EXPECT_FALSE(t.value->find_node("agent-a")->engines.at(0).translate_keys);
+  t = parse(valid_text() + "block_keys = \"translate\"\n");
+  ASSERT_TRUE(t.value);
+  EXPECT_TRUE(t.value->find_node("agent-a")->engines.at(0).translate_keys);
+  auto p = problems_of(valid_text() + "block_keys = \"sha256\"\n");
+  EXPECT_TRUE(has_problem(p, 31, "block_keys 'sha256': \"translate\""));
+}
+
+TEST(topology, an_engine_that_connects_out_is_told_where) {
+  auto t = parse(valid_text());
+  ASSERT_TRUE(t.value);
+  auto notes = events_notes(t.value->find_node("agent-a")->engines.at(0));
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("the agent binds tcp://127.0.0.1:5557; start the engine with an "
+                          "endpoint that connects there"),
+            std::string::npos)
+    << notes[0];
+  EXPECT_NE(notes[0].find("its default tcp://*:5557 would not meet the agent"), std::string::npos);
 }
 
 TEST(topology, overlapping_event_ports_on_one_node) {
