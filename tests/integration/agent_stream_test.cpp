@@ -391,6 +391,149 @@ TEST(agent_node, data_parallel_ranks_have_their_own_ports_and_mirrors) {
   stop_agent(handles);
 }
 
+namespace {
+
+/// vLLM's publisher at its default endpoint (tcp://*:PORT): it binds, and
+/// the agent connects. Here on loopback, at a given port or a chosen one.
+class bound_publisher {
+public:
+  explicit bound_publisher(const std::string& at = "tcp://127.0.0.1:*")
+    : socket_(ctx_, zmq::socket_type::xpub) {
+    socket_.set(zmq::sockopt::linger, 2000);
+    socket_.set(zmq::sockopt::sndhwm, 0);
+    socket_.set(zmq::sockopt::rcvtimeo, 10000);
+    socket_.bind(at); // throws if the port is taken
+    endpoint_ = socket_.get(zmq::sockopt::last_endpoint);
+  }
+  const std::string& endpoint() const { return endpoint_; }
+  int port() const { return std::stoi(endpoint_.substr(endpoint_.rfind(':') + 1)); }
+  /// Waits (bounded) for the agent's subscription.
+  bool subscribed() {
+    zmq::message_t sub;
+    return static_cast<bool>(socket_.recv(sub));
+  }
+  void send(const frame& f, std::uint64_t seq) {
+    auto s = wire::encode_seq(seq);
+    std::array<zmq::const_buffer, 3> parts = {zmq::buffer(f.topic), zmq::buffer(s),
+                                              zmq::buffer(f.payload)};
+    zmq::send_multipart(socket_, parts);
+  }
+
+private:
+  zmq::context_t ctx_;
+  zmq::socket_t socket_;
+  std::string endpoint_;
+};
+
+std::string loopback(int port) {
+  return "tcp://127.0.0.1:" + std::to_string(port);
+}
+
+} // namespace
+
+// vLLM at its defaults, as an operator runs it: each rank's publisher binds
+// (tcp://*:5557 + rank) and the engine hashes its own way (here: the
+// captures' seed "0" against the cluster's "1", which no key of the
+// engine's survives). The agent connects to each rank, fills a gap from
+// the rank's replay endpoint (offset per rank too), follows a publisher
+// restart, and the control node's copy holds exactly the keys the router
+// computes for the captured prompts.
+TEST(agent_node, subscribes_where_engines_bind_and_keys_their_blocks_the_clusters_way) {
+  llmgw::test::loopback_control control;
+  ASSERT_NE(control.port, 0) << control.error;
+  auto copy = control.record;
+
+  auto rank0 = load("S3_lora_salt.map.int.json");
+  auto rank1 = load("S6_dp.map.int.json"); // recorded from a rank-1 publisher
+  std::unordered_map<wire::block_key, wire::block_key> keys;
+  for (const char* name : {"S3_lora_salt.map.int.json", "S6_dp.map.int.json"})
+    for (const auto& kv : llmgw::test::capture_router_keys(
+           llmgw::test::read_json(llmgw::test::capture_path(name)), "1"))
+      keys.insert(kv);
+  auto want0 = llmgw::test::translated_blocks(rank0.expected, keys);
+  auto want1 = llmgw::test::translated_blocks(rank1.expected, keys);
+  ASSERT_FALSE(want0.empty());
+
+  // Two ranks' publishers and replay services on consecutive ports, as
+  // vLLM offsets both endpoints by the rank.
+  std::unique_ptr<bound_publisher> p0, p1;
+  std::unique_ptr<llmgw::test::replay_service<frame>> r0, r1;
+  for (int attempt = 0; attempt < 20 && !r1; ++attempt) {
+    try {
+      p0 = std::make_unique<bound_publisher>();
+      p1 = std::make_unique<bound_publisher>(loopback(p0->port() + 1));
+      r0 = std::make_unique<llmgw::test::replay_service<frame>>(rank0.frames);
+      auto at = r0->endpoint();
+      r1 = std::make_unique<llmgw::test::replay_service<frame>>(
+        rank1.frames, loopback(std::stoi(at.substr(at.rfind(':') + 1)) + 1));
+    } catch (const zmq::error_t&) {
+      r1.reset(); // a port was taken: try other ones
+    }
+  }
+  ASSERT_TRUE(r1) << "no two pairs of consecutive free ports";
+  const int events_port = p0->port();
+
+  agent_config cfg;
+  cfg.node = "agent-a";
+  cfg.seed = "1";
+  cfg.flush_interval = 50ms;
+  agent_engine_config engine; // attached: the operator started it
+  engine.replica = "r0";
+  engine.kv_events = true;
+  engine.dp_size = 2;
+  engine.events = p0->endpoint();
+  engine.replay_endpoint = r0->endpoint();
+  cfg.engines.push_back(engine);
+  cfg.controls.push_back({"control-1", "127.0.0.1", control.port, {}});
+  llmgw::test::loopback_node_config agent_cfg;
+  caf::actor_system agent_sys{agent_cfg};
+  auto handles = start_agent(agent_sys, cfg);
+  ASSERT_EQ(handles.subscribers.size(), 2u);
+  EXPECT_EQ(handles.events_endpoints.at(0), p0->endpoint()) << "where the agent connected";
+  ASSERT_TRUE(p0->subscribed()) << "the agent connected to rank 0";
+  ASSERT_TRUE(p1->subscribed()) << "the agent connected to rank 1, at the port + 1";
+  for (const auto& f : rank0.frames)
+    if (f.seq != 2)
+      p0->send(f, f.seq); // a gap, which rank 0's replay fills
+  for (const auto& f : rank1.frames)
+    if (f.seq != 5)
+      p1->send(f, f.seq); // and rank 1's from rank 1's, at the replay port + 1
+  bool equal = test::eventually(
+    [&] { return copy->blocks_of("r0", 0) == want0 && copy->blocks_of("r0", 1) == want1; }, 20s);
+  EXPECT_TRUE(equal) << "both ranks' blocks under the router's keys: rank 0 has "
+                     << copy->blocks_of("r0", 0).size() << " of " << want0.size() << ", rank 1 "
+                     << copy->blocks_of("r0", 1).size() << " of " << want1.size();
+  EXPECT_EQ(handles.subscribers[0].stats->gaps_filled.load(), 1u);
+  EXPECT_EQ(handles.subscribers[1].stats->gaps_filled.load(), 1u);
+  EXPECT_GE(r0->requests(), 1) << "rank 0's gap went to rank 0's replay endpoint";
+  EXPECT_GE(r1->requests(), 1) << "rank 1's gap went to rank 1's";
+  EXPECT_EQ(handles.mirror_views[0].view->parity.load(),
+            static_cast<std::uint8_t>(kv::parity_state::translated));
+
+  // The engine restarts: its publisher comes back on the same port with
+  // seq from 0 and an empty cache; the agent reconnects by itself.
+  p0.reset();
+  p0 = std::make_unique<bound_publisher>(loopback(events_port));
+  ASSERT_TRUE(p0->subscribed()) << "the agent reconnected";
+  for (std::size_t i = 0; i < 2; ++i)
+    p0->send(rank0.frames[i], i);
+  auto after = llmgw::test::translated_blocks(
+    [&] {
+      kv::block_table t;
+      for (std::size_t i = 0; i < 2; ++i)
+        t.apply(*wire::decode_batch(rank0.frames[i].payload));
+      auto held = t.held();
+      return std::set<kv::block_ref>(held.begin(), held.end());
+    }(),
+    keys);
+  EXPECT_TRUE(test::eventually([&] { return copy->blocks_of("r0", 0) == after; }, 20s))
+    << "nothing from before the restart survives; rank 0 has " << copy->blocks_of("r0", 0).size()
+    << ", expected " << after.size();
+  EXPECT_EQ(handles.subscribers[0].stats->restarts.load(), 1u);
+  EXPECT_EQ(copy->blocks_of("r0", 1), want1) << "rank 1 is its own engine core: untouched";
+  stop_agent(handles);
+}
+
 TEST(agent_stream, a_message_over_the_size_limit_cuts_its_publisher_off_unread) {
   auto c = load("S1_basic.map.int.json");
   agent_path path(c.topic);

@@ -1,5 +1,5 @@
-// vLLM's replay service, as tests need it: a ROUTER on a kernel-chosen
-// loopback port that answers ["", start_seq] with every frame whose seq is
+// vLLM's replay service, as tests need it: a ROUTER on a kernel-chosen (or a
+// given) loopback port that answers ["", start_seq] with every frame whose seq is
 // >= start, in the current layout ["", topic, seq, payload], then the end
 // marker ["", "", ff*8, ""]. Runs on its own thread until destroyed (also
 // when an ASSERT leaves the test early).
@@ -22,10 +22,11 @@ namespace llmgw::test {
 template <class Frame>
 class replay_service {
 public:
-  explicit replay_service(std::vector<Frame> frames)
+  /// Binds `at` (throws zmq::error_t if it cannot: a port taken).
+  explicit replay_service(std::vector<Frame> frames, const std::string& at = "tcp://127.0.0.1:*")
     : frames_(std::move(frames)), router_(ctx_, zmq::socket_type::router) {
     router_.set(zmq::sockopt::linger, 0);
-    router_.bind("tcp://127.0.0.1:*");
+    router_.bind(at);
     endpoint_ = router_.get(zmq::sockopt::last_endpoint);
     thread_ = std::thread([this] { serve(); });
   }

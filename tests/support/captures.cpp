@@ -86,6 +86,45 @@ std::string source_path(const std::string& relative) {
   return std::string(LLMGW_SOURCE_DIR) + "/" + relative;
 }
 
+std::unordered_map<wire::block_key, wire::block_key>
+capture_router_keys(const boost::json::value& capture, const std::string& seed) {
+  namespace json = boost::json;
+  std::unordered_map<wire::block_key, wire::block_key> out;
+  bool ints = json::value_to<std::string>(capture.at("hash_encoding")) == "int";
+  wire::block_hasher hasher(seed, json::value_to<std::size_t>(capture.at("block_size")));
+  for (const auto& r : capture.at("requests").as_array()) {
+    auto tokens = json::value_to<std::vector<std::uint32_t>>(r.at("tokens"));
+    wire::extra_key_recipe extras;
+    if (!r.at("lora_name").is_null())
+      extras.lora_name = json::value_to<std::string>(r.at("lora_name"));
+    if (!r.at("cache_salt").is_null())
+      extras.cache_salt = json::value_to<std::string>(r.at("cache_salt"));
+    auto mine = hasher.hash(tokens, extras);
+    const auto& theirs = r.at(ints ? "block_hashes_u64" : "block_hashes_hex").as_array();
+    EXPECT_EQ(mine.size(), theirs.size()) << r.at("id");
+    for (std::size_t i = 0; i < std::min(mine.size(), theirs.size()); ++i) {
+      auto engine =
+        ints ? theirs[i].to_number<wire::block_key>()
+             : wire::key_of(*wire::digest_from_hex(json::value_to<std::string>(theirs[i])));
+      out[engine] = mine[i].key;
+    }
+  }
+  return out;
+}
+
+std::set<kv::block_ref>
+translated_blocks(const std::set<kv::block_ref>& blocks,
+                  const std::unordered_map<wire::block_key, wire::block_key>& keys) {
+  std::set<kv::block_ref> out;
+  for (const auto& b : blocks) {
+    auto it = keys.find(b.key);
+    EXPECT_NE(it, keys.end()) << "a held block of no captured request: " << b.key;
+    if (it != keys.end())
+      out.insert({it->second, b.where});
+  }
+  return out;
+}
+
 } // namespace llmgw::test
 
 namespace llmgw::test {

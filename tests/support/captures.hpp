@@ -8,6 +8,7 @@
 
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace llmgw::test {
@@ -32,6 +33,18 @@ std::vector<std::string> capture_names();
 
 /// The blocks a capture's engine holds at the end (its "expected.final_blocks").
 std::set<kv::block_ref> capture_final_blocks(const boost::json::value& capture);
+
+/// Engine key -> the cluster's key for every block of a capture's requests,
+/// as the router hashes their prompts (tokens, LoRA name, cache salt) under
+/// `seed`: with another seed than the capture's, what a translating mirror
+/// must key the engine's blocks by.
+std::unordered_map<wire::block_key, wire::block_key>
+capture_router_keys(const boost::json::value& capture, const std::string& seed);
+
+/// `blocks` under the keys `keys` maps them to (a block of none: a failure).
+std::set<kv::block_ref>
+translated_blocks(const std::set<kv::block_ref>& blocks,
+                  const std::unordered_map<wire::block_key, wire::block_key>& keys);
 
 /// Absolute path of a file in the source tree.
 std::string source_path(const std::string& relative);

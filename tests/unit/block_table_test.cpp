@@ -366,45 +366,6 @@ INSTANTIATE_TEST_SUITE_P(vllm_captures, block_table_capture,
 // captured requests' prompts with seed "1" are what the table must hold.
 namespace {
 
-/// Engine key -> the cluster's key for every block of the capture's
-/// requests, as the router hashes their prompts with `seed`.
-std::unordered_map<block_key, block_key> router_keys(const json::value& doc,
-                                                     const std::string& seed) {
-  std::unordered_map<block_key, block_key> out;
-  bool ints = json::value_to<std::string>(doc.at("hash_encoding")) == "int";
-  block_hasher hasher(seed, 16);
-  for (const auto& r : doc.at("requests").as_array()) {
-    auto tokens = json::value_to<std::vector<std::uint32_t>>(r.at("tokens"));
-    extra_key_recipe extras;
-    if (!r.at("lora_name").is_null())
-      extras.lora_name = json::value_to<std::string>(r.at("lora_name"));
-    if (!r.at("cache_salt").is_null())
-      extras.cache_salt = json::value_to<std::string>(r.at("cache_salt"));
-    auto mine = hasher.hash(tokens, extras);
-    const auto& theirs = r.at(ints ? "block_hashes_u64" : "block_hashes_hex").as_array();
-    EXPECT_EQ(mine.size(), theirs.size()) << r.at("id");
-    for (std::size_t i = 0; i < std::min(mine.size(), theirs.size()); ++i) {
-      auto engine = ints ? theirs[i].to_number<block_key>()
-                         : key_of(*digest_from_hex(json::value_to<std::string>(theirs[i])));
-      out[engine] = mine[i].key;
-    }
-  }
-  return out;
-}
-
-std::vector<block_ref> translated(const std::vector<block_ref>& engine_blocks,
-                                  const std::unordered_map<block_key, block_key>& keys) {
-  std::vector<block_ref> out;
-  for (const auto& b : engine_blocks) {
-    auto it = keys.find(b.key);
-    EXPECT_NE(it, keys.end()) << "a held block of no captured request: " << b.key;
-    if (it != keys.end())
-      out.push_back({it->second, b.where});
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
 /// Held keys, a copy on the GPU and one on the CPU counted once.
 std::size_t distinct_keys(const block_table& t) {
   std::set<block_key> keys;
@@ -432,9 +393,12 @@ TEST_P(block_table_capture, translation_of_the_clusters_own_hashes_is_the_identi
 
 TEST_P(block_table_capture, an_engine_hashing_another_way_is_keyed_as_the_router_hashes) {
   auto doc = llmgw::test::read_json(llmgw::test::capture_path(GetParam()));
-  auto keys = router_keys(doc, "1");
+  auto keys = llmgw::test::capture_router_keys(doc, "1");
   auto run = run_capture(GetParam(), translating("1"));
-  EXPECT_EQ(run.table.held(), translated(run.expected, keys))
+  std::set<block_ref> expected(run.expected.begin(), run.expected.end());
+  auto held = run.table.held();
+  EXPECT_EQ(std::set<block_ref>(held.begin(), held.end()),
+            llmgw::test::translated_blocks(expected, keys))
     << "every held block under the key the router computes for its prompt";
   EXPECT_EQ(run.totals.ignored_removes, 0u) << "every removal resolved to its cluster key";
   EXPECT_FALSE(run.totals.mismatch_found) << run.table.parity_message();
@@ -448,7 +412,7 @@ TEST_P(block_table_capture, an_engine_hashing_another_way_is_keyed_as_the_router
 
 TEST(block_table_translation, a_late_subscriber_leaves_out_blocks_whose_parent_it_never_saw) {
   auto doc = llmgw::test::read_json(llmgw::test::capture_path("S1_basic.map.int.json"));
-  auto keys = router_keys(doc, "1");
+  auto keys = llmgw::test::capture_router_keys(doc, "1");
   block_table table(translating("1"));
   apply_counts totals;
   const auto& frames = doc.at("frames").as_array();
@@ -472,7 +436,7 @@ TEST(block_table_translation, a_late_subscriber_leaves_out_blocks_whose_parent_i
 
 TEST(block_table_translation, copies_on_other_media_follow_the_gpu_blocks_key) {
   auto doc = llmgw::test::read_json(llmgw::test::capture_path("S1_basic.map.int.json"));
-  auto keys = router_keys(doc, "1");
+  auto keys = llmgw::test::capture_router_keys(doc, "1");
   auto b = decode_batch(
     llmgw::test::from_hex(json::value_to<std::string>(doc.at("frames").at(0).at("payload_hex"))));
   ASSERT_TRUE(b);
