@@ -26,8 +26,8 @@ struct engine_options {
   std::size_t block_size = 16;
   std::size_t num_gpu_blocks = 27500; ///< an 8B model on one H100 (docs/simulator.md)
   std::size_t max_model_len = 8192;
-  std::string hash_algo = "sha256_cbor";
-  std::string seed; ///< PYTHONHASHSEED ("" : unset)
+  std::string hash_algo = "sha256"; ///< vLLM's default: not reproducible outside the engine
+  std::string seed;                 ///< PYTHONHASHSEED ("" : unset)
   bool int_hashes = true;
   wire::event_shape event_shape = wire::event_shape::map;
   std::string kv_events_config; ///< vLLM's --kv-events-config JSON, or ""

@@ -57,16 +57,35 @@ std::vector<pid_t> processes_with(const std::string& needle) {
   return out;
 }
 
+/// The quoted strings of a TOML array's text: a launch command's argv.
+std::vector<std::string> quoted_strings(const std::string& text) {
+  std::vector<std::string> out;
+  for (auto at = text.find('"'); at != std::string::npos; at = text.find('"', at + 1)) {
+    auto end = text.find('"', at + 1);
+    out.push_back(text.substr(at + 1, end - at - 1));
+    at = end;
+  }
+  return out;
+}
+
+/// How the sample's engines run.
+enum class engines {
+  launched,      ///< by the agents, as the sample says
+  vllm_defaults, ///< by the operator (the test) at vLLM's defaults: each
+                 ///< binds tcp://*:PORT, hashes with sha256, no PYTHONHASHSEED
+};
+
 /// The sample topology in a fresh folder, on free ports.
 struct local_cluster {
   std::string dir;
   std::string gateway;
   std::vector<std::uint16_t> engine_ports;
+  std::vector<std::unique_ptr<test::child_process>> attached; ///< engines::vllm_defaults
   std::unique_ptr<test::child_process> up;
 
   /// `start`: run `llmgw up` on it and wait until it says the cluster is up;
   /// `admin`: the control node has an admin listener.
-  explicit local_cluster(bool start = true, bool admin = false) {
+  explicit local_cluster(bool start = true, bool admin = false, engines how = engines::launched) {
     char tmpl[] = "/tmp/llmgw-local-XXXXXX";
     dir = ::mkdtemp(tmpl);
     auto text = read(LLMGW_SOURCE_DIR "/deploy/local/cluster.toml");
@@ -88,6 +107,8 @@ struct local_cluster {
       engine_ports.push_back(test::free_port());
       replace_all(text, std::string("{") + p + "}", std::to_string(engine_ports.back()));
     }
+    if (how == engines::vllm_defaults)
+      attach_at_vllms_defaults(text);
     std::ofstream(dir + "/cluster.toml") << text;
     gateway = "http://127.0.0.1:" + std::to_string(http);
     if (!start)
@@ -101,6 +122,27 @@ struct local_cluster {
         break;
     }
   }
+  /// Each engine's launch command becomes an engine the test starts the way
+  /// an operator starts vLLM (its publisher binding, its own hashes), and
+  /// the topology names where its publisher is.
+  void attach_at_vllms_defaults(std::string& text) {
+    for (auto at = text.find("launch = ["); at != std::string::npos; at = text.find("launch = [")) {
+      auto end = text.find("]\n", at) + 2;
+      auto argv = quoted_strings(text.substr(at, end - at));
+      auto events = test::free_port();
+      text.replace(at, end - at, "events = \"tcp://127.0.0.1:" + std::to_string(events) + "\"\n");
+      argv.at(0) = LLMGW_SIM;
+      json::object cfg{{"enable_kv_cache_events", true},
+                       {"publisher", "zmq"},
+                       {"endpoint", "tcp://*:" + std::to_string(events)}};
+      argv.insert(argv.end(), {"--kv-events-config", json::serialize(cfg)});
+      // vLLM's default hash algorithm and no PYTHONHASHSEED: hashes nobody
+      // outside the engine can reproduce.
+      argv.insert(argv.begin(), {"/usr/bin/env", "-u", "PYTHONHASHSEED"});
+      attached.push_back(std::make_unique<test::child_process>(argv));
+    }
+  }
+
   ~local_cluster() {
     if (up) {
       up->signal(SIGINT); // Ctrl-C
@@ -226,6 +268,62 @@ TEST(local_cluster, routes_exactly_streams_in_order_and_survives_a_killed_engine
   auto after = post(http, c.gateway, "/v1/completions", body);
   EXPECT_EQ(after.status, 200) << after.body;
   EXPECT_NE(after.headers["x-llmgw-replica"], replica);
+}
+
+// A fleet as operators run vLLM: every engine started by the operator at
+// vLLM's defaults (its publisher binds, it hashes with sha256 over pickle),
+// the agents connecting to them. Routing by KV events works as for
+// launched engines: the agents key the blocks by the cluster's hash.
+TEST(local_cluster, engines_at_vllms_defaults_are_routed_by_their_kv_events) {
+  local_cluster c(true, false, engines::vllm_defaults);
+  ASSERT_EQ(c.attached.size(), 4u);
+  http_client http;
+  json::object body{
+    {"model", "llmgw-demo"}, {"prompt", long_prompt("glaciers")}, {"max_tokens", 4}};
+  auto first = post(http, c.gateway, "/v1/completions", body);
+  ASSERT_EQ(first.status, 200) << first.body;
+  auto replica = first.headers["x-llmgw-replica"];
+  // The router enters a routed prompt's blocks speculatively at once; what
+  // proves the engine's own events count is its rank, trusted, holding
+  // blocks the agent keyed by translation.
+  auto rank_of = [&] {
+    std::promise<http_response> p;
+    http.request("GET", c.gateway, "/v1/kv/replicas", "", 5s,
+                 [&p](http_response r) { p.set_value(std::move(r)); });
+    auto doc = json::parse(p.get_future().get().body);
+    for (const auto& r : doc.at("replicas").as_array())
+      if (r.at("replica") == replica.c_str())
+        return r.at("ranks").at(0);
+    return json::value{};
+  };
+  json::value rank;
+  EXPECT_TRUE(test::eventually(
+    [&] {
+      rank = rank_of();
+      return rank.is_object() && rank.at("parity") == "translated" && rank.at("trusted") == true
+             && rank.at("agent").at("translated_blocks").to_number<double>() >= 60;
+    },
+    10s, 20ms))
+    << "the ~62 blocks of the prompt, keyed by the cluster's hash: " << rank;
+  auto route = post(http, c.gateway, "/v1/route", body);
+  ASSERT_EQ(route.status, 200) << route.body;
+  EXPECT_EQ(json::parse(route.body).at("tier"), "kv") << route.body;
+  auto second = post(http, c.gateway, "/v1/completions", body);
+  ASSERT_EQ(second.status, 200) << second.body;
+  EXPECT_EQ(second.headers["x-llmgw-replica"], replica);
+  EXPECT_EQ(second.headers["x-llmgw-tier"], "kv");
+  auto cached =
+    json::parse(second.body).at("usage").at("prompt_tokens_details").at("cached_tokens");
+  EXPECT_GT(cached.as_int64(), 900) << "the engine found the prefix the index predicted";
+  rank = rank_of();
+  EXPECT_EQ(rank.at("agent").at("untranslated_blocks"), 0) << rank;
+
+  // llmgw check says how each engine is reached.
+  test::child_process check({LLMGW_BINARY, "check", "--config", c.dir + "/cluster.toml"});
+  auto out = check.read_stdout_all(10s);
+  EXPECT_EQ(check.wait(10s), std::optional<int>(0)) << out;
+  EXPECT_NE(out.find("kv events: the agent connects to tcp://127.0.0.1:"), std::string::npos)
+    << out;
 }
 
 TEST(local_cluster, comes_up_when_the_control_node_has_an_admin_listener) {
