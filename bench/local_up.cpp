@@ -35,7 +35,7 @@ std::uint16_t free_port() {
   return ntohs(addr.sin_port);
 }
 
-void up_cluster::stop() {
+void stop_process(pid_t pid) {
   if (pid <= 0)
     return;
   ::kill(pid, SIGTERM);
@@ -46,7 +46,38 @@ void up_cluster::stop() {
     ::kill(pid, SIGKILL);
     ::waitpid(pid, &status, 0);
   }
+}
+
+void up_cluster::stop() {
+  stop_process(pid);
   pid = 0;
+  for (auto p : attached)
+    stop_process(p);
+  attached.clear();
+}
+
+pid_t spawn(const std::vector<std::string>& argv, const std::string& log) {
+  std::vector<char*> args;
+  for (const auto& a : argv)
+    args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t parent = ::getpid();
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::close(fd);
+    }
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent)
+      ::_exit(127);
+    ::unsetenv("PYTHONHASHSEED");
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  return pid < 0 ? 0 : pid;
 }
 
 std::string exe_dir() {

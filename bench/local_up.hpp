@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <sys/types.h>
+#include <vector>
 
 namespace llmgw::bench {
 
@@ -15,11 +16,21 @@ std::uint16_t free_port();
 /// The folder of this executable (build-release/bench).
 std::string exe_dir();
 
+/// Starts `argv` (argv[0] a path) with its output into `log`, PYTHONHASHSEED
+/// unset (as an operator's vLLM runs by default), ending with this
+/// process; its pid, 0 if it could not start.
+pid_t spawn(const std::vector<std::string>& argv, const std::string& log);
+
+/// Stops `pid` (SIGTERM, then SIGKILL after 20 s) and reaps it.
+void stop_process(pid_t pid);
+
 /// `llmgw up` running in a folder of its own; stopped (SIGTERM, then
-/// SIGKILL after 20 s) when destroyed.
+/// SIGKILL after 20 s) when destroyed, then the engines the benchmark
+/// started itself (attached ones).
 struct up_cluster {
   std::string dir;
   pid_t pid = 0;
+  std::vector<pid_t> attached;
   up_cluster() = default;
   up_cluster(const up_cluster&) = delete;
   up_cluster& operator=(const up_cluster&) = delete;

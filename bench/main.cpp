@@ -68,7 +68,9 @@ int main(int argc, char** argv) {
   routing->add_option("--scenarios", scenarios, "which of a..f")->capture_default_str();
   routing->add_option(
     "--policies", policies,
-    "round-robin, least-outstanding, session-hash, llmgw-tier1, llmgw (default: all)");
+    "round-robin, least-outstanding, session-hash, llmgw-tier1, llmgw (default: these), "
+    "llmgw-attached (llmgw with every engine started at vLLM's defaults and subscribed where it "
+    "binds)");
   routing->add_option("--seed", seed, "the workload's seed")->capture_default_str();
   routing
     ->add_option("--time-scale", time_scale,

@@ -55,7 +55,14 @@ using clock_type = std::chrono::steady_clock;
 // ---------------------------------------------------------------------------
 // Scenarios and policies
 
-enum class policy { round_robin, least_outstanding, session_hash, llmgw_tier1, llmgw };
+enum class policy {
+  round_robin,
+  least_outstanding,
+  session_hash,
+  llmgw_tier1,
+  llmgw,
+  llmgw_attached, ///< llmgw, every engine started by the operator at vLLM's defaults
+};
 
 const char* name_of(policy p) {
   switch (p) {
@@ -69,12 +76,14 @@ const char* name_of(policy p) {
     return "llmgw-tier1";
   case policy::llmgw:
     return "llmgw";
+  case policy::llmgw_attached:
+    return "llmgw-attached";
   }
   return "?";
 }
 
 bool through_gateway(policy p) {
-  return p == policy::llmgw_tier1 || p == policy::llmgw;
+  return p == policy::llmgw_tier1 || p == policy::llmgw || p == policy::llmgw_attached;
 }
 
 struct scenario {
@@ -198,7 +207,8 @@ struct cluster : up_cluster {
 /// not come up.
 bool start_cluster(const scenario& sc, policy p, const engine_rates& rates, bool engine_load,
                    cluster& c, std::string& error) {
-  bool events = p == policy::llmgw;
+  bool events = p == policy::llmgw || p == policy::llmgw_attached;
+  bool attached = p == policy::llmgw_attached;
   std::ostringstream t;
   t << "[cluster]\nname = \"bench\"\nhash_seed = \"0\"\nblock_size = 16\nflush_interval_ms = 50\n\n"
     << "[tls]\nca = \"certs/ca.pem\"\n\n"
@@ -220,6 +230,46 @@ bool start_cluster(const scenario& sc, policy p, const engine_rates& rates, bool
     auto port = free_port();
     c.engine_ports.push_back(port);
     c.engines.push_back(fmt::format("http://127.0.0.1:{}", port));
+    if (attached) {
+      // As an operator starts vLLM: its publisher binds tcp://*:PORT, it
+      // hashes with its default sha256, PYTHONHASHSEED unset; the agent
+      // connects and keys the blocks by the cluster's hash.
+      auto events_port = free_port();
+      t << fmt::format("[[node.engine]]\nreplica = \"e{}\"\nmodel = \"bench\"\nurl = "
+                       "\"http://127.0.0.1:{}\"\nkv_events = true\nevents = "
+                       "\"tcp://127.0.0.1:{}\"\n\n",
+                       i, port, events_port);
+      auto sim = (fs::path(exe_dir()).parent_path() / "apps" / "llmgw-sim").string();
+      auto pid = spawn({sim,
+                        "serve",
+                        "bench",
+                        "--port",
+                        std::to_string(port),
+                        "--num-gpu-blocks",
+                        std::to_string(sc.gpu_blocks),
+                        "--max-model-len",
+                        "65536",
+                        "--enable-prompt-tokens-details",
+                        "--sim-step-ms",
+                        fmt::format("{}", rates.step_ms()),
+                        "--sim-us-per-token",
+                        fmt::format("{}", rates.us_per_token()),
+                        "--sim-ns-per-context-token",
+                        fmt::format("{}", rates.ns_per_context_token()),
+                        "--prefix-caching-hash-algo",
+                        "sha256",
+                        "--kv-events-config",
+                        fmt::format("{{\"enable_kv_cache_events\": true, \"publisher\": "
+                                    "\"zmq\", \"endpoint\": \"tcp://*:{}\"}}",
+                                    events_port)},
+                       fmt::format("/tmp/llmgw-bench-sim-{}.log", port));
+      if (pid == 0) {
+        error = "cannot start " + sim;
+        return false;
+      }
+      c.attached.push_back(pid);
+      continue;
+    }
     t << fmt::format(
       "[[node.engine]]\nreplica = \"e{}\"\nmodel = \"bench\"\nurl = \"http://127.0.0.1:{}\"\n"
       "kv_events = {}\nlaunch = [\"llmgw-sim\", \"serve\", \"bench\", \"--port\", \"{}\", "
@@ -551,8 +601,8 @@ int run_routing_bench(const std::vector<std::string>& scenarios,
                       double time_scale, double load, bool engine_load) {
   std::vector<policy> ps;
   for (auto p : {policy::round_robin, policy::least_outstanding, policy::session_hash,
-                 policy::llmgw_tier1, policy::llmgw})
-    if (policies.empty()
+                 policy::llmgw_tier1, policy::llmgw, policy::llmgw_attached})
+    if ((policies.empty() && p != policy::llmgw_attached)
         || std::find(policies.begin(), policies.end(), name_of(p)) != policies.end())
       ps.push_back(p);
   engine_rates rates;
@@ -585,7 +635,8 @@ int run_routing_bench(const std::vector<std::string>& scenarios,
         continue;
       }
       auto rs = run_workload(work, p, c, sc);
-      auto accuracy = p == policy::llmgw ? index_accuracy(c) : std::string{};
+      auto accuracy =
+        p == policy::llmgw || p == policy::llmgw_attached ? index_accuracy(c) : std::string{};
       c.stop();
       auto s = summarize(p, rs, sc.engines);
       fmt::print("  {:<18} {:>7.3f} {:>8.0f} {:>9.0f} {:>9.0f} {:>9.2f} {:>7.2f} {:>7} {:>6}{}\n",

@@ -1,4 +1,6 @@
 // `llmgw events --endpoint tcp://127.0.0.1:PORT [--replay tcp://HOST:PORT] [--topic T]`
+// `llmgw events --connect tcp://HOST:PORT ...` (an engine that binds, as vLLM
+// does at its default endpoint tcp://*:5557)
 //
 // Follows an engine's KV event stream as an agent does (net/kv_event_socket
 // and kv::event_stream: the same sockets, gap, replay and restart handling)
@@ -14,6 +16,7 @@
 // --replay). SIGINT/SIGTERM end it cleanly.
 #include "apps/llmgw/commands.hpp"
 #include "net/kv_event_socket.hpp"
+#include "wire/address.hpp"
 #include "wire/event_json.hpp"
 #include "wire/kv_events.hpp"
 
@@ -39,6 +42,7 @@ extern "C" void on_stop_signal(int) {
 
 struct events_options {
   std::string endpoint;
+  std::string connect;
   std::string replay;
   std::string topic;
   int replay_timeout_ms = 1000;
@@ -98,7 +102,8 @@ int run_events(const events_options& opts) {
   sigaction(SIGTERM, &action, nullptr);
 
   kv_event_socket_options so;
-  so.endpoint = opts.endpoint;
+  so.endpoint = opts.connect.empty() ? opts.endpoint : opts.connect;
+  so.engine_binds = !opts.connect.empty();
   so.topic = opts.topic;
   so.replay = opts.replay;
   so.queue_messages = 100000; // an operator's tool: vLLM's own high-water mark
@@ -107,7 +112,8 @@ int run_events(const events_options& opts) {
     fmt::print(stderr, "llmgw events: {}\n", socket.error());
     return 1;
   }
-  fmt::print(stderr, "llmgw events: listening on {}\n", socket.endpoint());
+  fmt::print(stderr, "llmgw events: {} {}\n", so.engine_binds ? "connected to" : "listening on",
+             socket.endpoint());
 
   kv::event_stream::config cfg;
   cfg.replay_available = socket.has_replay();
@@ -136,11 +142,15 @@ int run_events(const events_options& opts) {
 void add_events_command(CLI::App& app, int& exit_code) {
   auto opts = std::make_shared<events_options>();
   auto* cmd = app.add_subcommand("events", "Print a vLLM engine's KV cache events as JSON lines");
-  cmd
-    ->add_option("--endpoint,--bind", opts->endpoint,
-                 "the engine's events endpoint: a tcp address to bind (port 0: any), or an "
-                 "ipc:// path to connect to")
-    ->required();
+  auto* bind = cmd->add_option("--endpoint,--bind", opts->endpoint,
+                               "the engine's events endpoint: a tcp address to bind (port 0: "
+                               "any), or an ipc:// path to connect to");
+  auto* connect = cmd->add_option("--connect", opts->connect,
+                                  "tcp://HOST:PORT of an engine whose publisher binds (vLLM's "
+                                  "default endpoint tcp://*:5557)");
+  bind->excludes(connect);
+  connect->excludes(bind);
+
   cmd->add_option("--replay", opts->replay, "the engine's replay endpoint, to fill gaps");
   cmd->add_option("--topic", opts->topic, "topic to subscribe to (default: all)");
   cmd
@@ -148,7 +158,23 @@ void add_events_command(CLI::App& app, int& exit_code) {
                  "how long to wait for the replay endpoint")
     ->check(CLI::Range(1, 60000))
     ->capture_default_str();
-  cmd->callback([opts, &exit_code] { exit_code = run_events(*opts); });
+  cmd->callback([opts, &exit_code] {
+    if (opts->endpoint.empty() == opts->connect.empty()) {
+      fmt::print(stderr, "llmgw events: give --endpoint (to bind) or --connect (to an engine "
+                         "that binds)\n");
+      exit_code = 2;
+      return;
+    }
+    if (!opts->connect.empty() && !wire::parse_tcp_endpoint(opts->connect)) {
+      fmt::print(stderr,
+                 "llmgw events: --connect '{}' must be tcp://HOST:PORT (the engine's address; "
+                 "'*' is where it binds, not where to reach it)\n",
+                 opts->connect);
+      exit_code = 2;
+      return;
+    }
+    exit_code = run_events(*opts);
+  });
 }
 
 } // namespace llmgw::apps

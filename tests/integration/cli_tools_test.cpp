@@ -193,6 +193,37 @@ TEST(llmgw_events, prints_events_gaps_and_restarts) {
   EXPECT_EQ(proc.wait(5s), 0) << "SIGTERM ends llmgw events cleanly";
 }
 
+// vLLM at its default endpoint binds; `llmgw events --connect` goes to it.
+TEST(llmgw_events, connects_to_an_engine_that_binds) {
+  auto frames = load_frames("S1_basic.map.int.json");
+  zmq::context_t ctx;
+  zmq::socket_t pub(ctx, zmq::socket_type::xpub);
+  pub.set(zmq::sockopt::linger, 1000);
+  pub.set(zmq::sockopt::rcvtimeo, 10000);
+  pub.bind("tcp://127.0.0.1:*");
+  std::string endpoint = pub.get(zmq::sockopt::last_endpoint);
+  child_process proc({LLMGW_BINARY, "events", "--connect", endpoint});
+  auto said = proc.read_stderr_line(10s);
+  ASSERT_TRUE(said);
+  EXPECT_NE(said->find("connected to " + endpoint), std::string::npos) << *said;
+  zmq::message_t sub;
+  ASSERT_TRUE(pub.recv(sub)) << "llmgw events subscribed";
+  auto seq = llmgw::wire::encode_seq(0);
+  std::array<zmq::const_buffer, 3> parts = {zmq::buffer(frames[0].topic), zmq::buffer(seq),
+                                            zmq::buffer(frames[0].payload)};
+  zmq::send_multipart(pub, parts);
+  auto lines = read_json_lines(proc, events_in(frames[0]));
+  ASSERT_EQ(lines.size(), events_in(frames[0]));
+  EXPECT_EQ(json::value_to<std::string>(lines[0].at("type")), "BlockStored");
+  proc.signal(SIGTERM);
+  EXPECT_EQ(proc.wait(5s), 0);
+
+  child_process wildcard({LLMGW_BINARY, "events", "--connect", "tcp://*:5557"});
+  auto err = wildcard.read_stderr_all(10s);
+  EXPECT_EQ(wildcard.wait(10s), 2);
+  EXPECT_NE(err.find("'*' is where it binds, not where to reach it"), std::string::npos) << err;
+}
+
 TEST(llmgw_events, fills_a_gap_from_the_replay_endpoint) {
   auto frames = load_frames("S1_basic.array.bytes.json");
   llmgw::test::replay_service<capture_frame> replay(frames);

@@ -120,3 +120,23 @@ TEST(deploy, the_example_topology_is_valid) {
   EXPECT_NE(out.find("cluster 'prod', 4 nodes, 4 engines"), std::string::npos) << out;
   std::system(("rm -rf " + dir).c_str());
 }
+
+TEST(deploy, the_fleet_at_vllms_defaults_is_valid_and_says_how_each_engine_is_reached) {
+  char tmpl[] = "/tmp/llmgw-deploy-XXXXXX";
+  std::string dir = ::mkdtemp(tmpl);
+  std::system(("cp " LLMGW_SOURCE_DIR "/deploy/topology/vllm-defaults.toml " + dir).c_str());
+  child_process certs(
+    {LLMGW_BINARY, "certs", "--out", dir + "/certs", "ctl-1", "ctl-2", "gpu-1", "gpu-2", "gpu-3"});
+  certs.read_stdout_all(10s);
+  ASSERT_EQ(certs.wait(10s), 0);
+  child_process check({LLMGW_BINARY, "check", "--config", dir + "/vllm-defaults.toml"});
+  auto out = check.read_stdout_all(10s);
+  EXPECT_EQ(check.wait(10s), 0) << check.read_stderr_all(5s);
+  EXPECT_NE(out.find("cluster 'fleet', 5 nodes, 3 engines"), std::string::npos) << out;
+  EXPECT_NE(out.find("kv events: the agent connects to tcp://127.0.0.1:5557 (rank r at port + r, "
+                     "2 ranks)"),
+            std::string::npos)
+    << out;
+  EXPECT_EQ(out.find("warning:"), std::string::npos) << "every engine beside its agent: " << out;
+  std::system(("rm -rf " + dir).c_str());
+}
