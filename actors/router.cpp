@@ -44,9 +44,12 @@ void apply_update(routing::router_core& core, routing::router_stats& stats, cons
   if (kv::routable(was) && !kv::routable(kv.info(h).parity)) {
     ++stats.mismatches[u.replica];
     LLMGW_LOG(error, "router",
-              "replica {} rank {} hashes blocks differently from llmgw: not "
-              "routed on its KV state (the agent's log says which flags and seed it needs)",
-              u.replica, u.dp_rank);
+              "replica {} rank {} is {}: not routed on its KV state (the agent's log says why "
+              "and what the engine needs)",
+              u.replica, u.dp_rank,
+              kv.info(h).parity == kv::parity_state::mismatch
+                ? "hashing blocks differently from llmgw"
+                : "publishing blocks llmgw cannot key");
   }
 }
 

@@ -608,7 +608,7 @@ void read_engine(checker& c, const toml::value& t, const std::string& where, eng
                           where));
   if (!e.replay_endpoint.empty()) {
     auto at = wire::parse_tcp_endpoint(e.replay_endpoint);
-    if (!at)
+    if (!at || wire::is_wildcard(at->host))
       c.problem(*c.find(t, "replay_endpoint"),
                 fmt::format("{}.replay_endpoint '{}' must be tcp://HOST:PORT with the engine's "
                             "address (vLLM binds its replay socket; '*' is no address to reach)",
@@ -620,11 +620,11 @@ void read_engine(checker& c, const toml::value& t, const std::string& where, eng
   if (!e.events.empty()) {
     auto at = wire::parse_tcp_endpoint(e.events);
     auto* v = c.find(t, "events");
-    if (e.events.rfind("tcp://*:", 0) == 0)
+    if (e.events.rfind("tcp://*:", 0) == 0 || (at && wire::is_wildcard(at->host)))
       c.problem(*v, fmt::format("{}.events '{}' is where vLLM binds, not where to reach it: "
                                 "write its host, e.g. tcp://127.0.0.1:{} (the agent connects "
                                 "there)",
-                                where, e.events, e.events.substr(8)));
+                                where, e.events, e.events.substr(e.events.rfind(':') + 1)));
     else if (!at)
       c.problem(*v, fmt::format("{}.events '{}' must be tcp://HOST:PORT: the address of a "
                                 "publisher that binds (vLLM's default endpoint tcp://*:5557)",
@@ -781,6 +781,16 @@ void read_node(checker& c, const toml::value& t, std::size_t index, const topolo
 void check_cluster_wide(checker& c, const std::vector<const toml::value*>& values, topology& topo) {
   auto node_value = [&](std::size_t i) -> const toml::value& { return *values[i]; };
   std::map<std::string, std::size_t> names, replicas, caf_ports, http_ports;
+  /// Ports of engines' events and replay endpoints: per node on loopback,
+  /// cluster-wide on other hosts.
+  struct port_range {
+    std::string scope; ///< the node, for loopback; "" elsewhere
+    std::string host;
+    std::uint32_t lo, hi;
+    const char* what;
+    std::string replica;
+  };
+  std::vector<port_range> endpoints;
   bool any_control = false;
   for (std::size_t i = 0; i < topo.nodes.size(); ++i) {
     const auto& n = topo.nodes[i];
@@ -810,8 +820,6 @@ void check_cluster_wide(checker& c, const std::vector<const toml::value*>& value
                 fmt::format("node '{}' is on {} but [tls] plaintext = true: plaintext is only "
                             "allowed when every node is on loopback",
                             n.name, n.host));
-    // Fixed events ports of one node must not overlap (each rank adds one).
-    std::vector<std::pair<std::uint32_t, std::uint32_t>> ranges;
     for (std::size_t j = 0; j < n.engines.size(); ++j) {
       const auto& e = n.engines[j];
       const auto& engine_value = node_value(i).as_table().at("engine").as_array()[j];
@@ -819,16 +827,33 @@ void check_cluster_wide(checker& c, const std::vector<const toml::value*>& value
         c.problem(engine_value,
                   fmt::format("replica '{}' is defined twice (nodes '{}' and '{}')", e.replica,
                               topo.nodes[replicas[e.replica]].name, n.name));
-      if (e.kv_events && e.events_port != 0) {
-        std::uint32_t lo = e.events_port, hi = lo + e.dp_size;
-        for (const auto& [a, b] : ranges)
-          if (lo < b && a < hi)
+      // The ports each rank's events and replay use (each rank adds one):
+      // two engines on one of them would share one engine's stream.
+      if (!e.kv_events)
+        continue;
+      auto add = [&](const std::string& host, std::uint16_t port, const char* what) {
+        bool local = wire::is_loopback(host);
+        port_range r{local ? n.name : std::string{},
+                     local ? "loopback" : host,
+                     port,
+                     static_cast<std::uint32_t>(port) + e.dp_size,
+                     what,
+                     e.replica};
+        for (const auto& o : endpoints)
+          if (o.scope == r.scope && o.host == r.host && r.lo < o.hi && o.lo < r.hi)
             c.problem(engine_value,
-                      fmt::format("node '{}': replica '{}' events ports {}..{} overlap another "
-                                  "engine's",
-                                  n.name, e.replica, lo, hi - 1));
-        ranges.emplace_back(lo, hi);
-      }
+                      fmt::format("node '{}': replica '{}' {} {}..{} overlap replica '{}''s {} "
+                                  "{}..{}{} (rank r uses port + r)",
+                                  n.name, e.replica, what, r.lo, r.hi - 1, o.replica, o.what, o.lo,
+                                  o.hi - 1, local ? " on loopback" : " at " + host));
+        endpoints.push_back(std::move(r));
+      };
+      if (e.events_port != 0)
+        add("127.0.0.1", e.events_port, "events ports");
+      if (auto at = wire::parse_tcp_endpoint(e.events))
+        add(at->host, at->port, "events ports");
+      if (auto at = wire::parse_tcp_endpoint(e.replay_endpoint))
+        add(at->host, at->port, "replay ports");
     }
   }
   if (!topo.nodes.empty() && !any_control)

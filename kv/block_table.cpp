@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <unordered_set>
 
 namespace llmgw::kv {
 
@@ -271,8 +272,10 @@ void block_table::translate_stored(const wire::kv_event& ev, medium where, apply
   if (where != medium::gpu || ev.token_ids.empty()) {
     // Offloading tiers publish placeholders without tokens: only blocks
     // seen on the GPU can be keyed. A GPU store without tokens is an engine
-    // that cannot be translated at all.
-    if (where == medium::gpu)
+    // that cannot be translated at all, unless it proved to hash the
+    // cluster's way (then its keys are used as they are, as with
+    // block_keys = "engine").
+    if (where == medium::gpu && parity_ != parity_state::verified)
       flag(parity_state::untranslatable,
            "the engine publishes stored GPU blocks without token ids: its blocks cannot be keyed "
            "by the cluster's hash",
@@ -303,20 +306,20 @@ void block_table::translate_stored(const wire::kv_event& ev, medium where, apply
     return;
   }
   // The parent's cluster digest: the chain's root, a block held here, or
-  // (only if the engine turns out to hash the cluster's way) the engine's.
+  // the engine's own digest once the engine proved to hash the cluster's
+  // way. Only a block chained from one of these proves anything: a match
+  // chained from an engine's digest says its algorithm is sha256_cbor, not
+  // that its seed is the cluster's.
   wire::digest parent = hasher_->root();
-  bool parent_is_cluster = true;
   bool parent_known = true;
   if (ev.parent_block_hash) {
     const auto& p = *ev.parent_block_hash;
-    if (auto it = keyed_.find(p.key); it != keyed_.end()) {
+    if (auto it = keyed_.find(p.key); it != keyed_.end())
       parent = it->second.cluster;
-    } else if (p.digest_size == 32) {
+    else if (p.digest_size == 32 && parity_ == parity_state::verified)
       std::copy(p.digest.begin(), p.digest.end(), parent.begin());
-      parent_is_cluster = false;
-    } else {
+    else
       parent_known = false;
-    }
   }
   // Without extra keys (vLLM before 2026-02) a block is keyed only if its
   // hash with none (or the LoRA name alone) proves equal to the engine's.
@@ -327,7 +330,7 @@ void block_table::translate_stored(const wire::kv_event& ev, medium where, apply
     const auto& published = ev.block_hashes[i];
     if (const auto* k = known(i)) {
       parent = k->cluster;
-      parent_is_cluster = parent_known = true;
+      parent_known = true;
       continue;
     }
     if (!parent_known) {
@@ -343,11 +346,11 @@ void block_table::translate_stored(const wire::kv_event& ev, medium where, apply
       ++counts.verified;
       if (parity_ == parity_state::unknown)
         parity_ = parity_state::verified;
-    } else if (!parent_is_cluster || !ev.extra_keys) {
+    } else if (!ev.extra_keys) {
       // Without extra keys, a block unequal to the engine's is one with
       // extra keys nobody published (multimodal, salt) if the engine has
       // proved to hash the cluster's way; else the engine hashes another way.
-      if (!ev.extra_keys && parity_ != parity_state::verified)
+      if (parity_ != parity_state::verified)
         flag(parity_state::untranslatable,
              "the engine hashes another way and publishes no extra_keys (vLLM before 2026-02): "
              "upgrade it, or start it with --prefix-caching-hash-algo sha256_cbor and "
@@ -359,14 +362,43 @@ void block_table::translate_stored(const wire::kv_event& ev, medium where, apply
       continue;
     } else {
       ++counts.translated;
+      if (parity_ == parity_state::verified)
+        drop_own_keys(counts); // what was kept on the belief the engine hashes our way
       if (routable(parity_))
         parity_ = parity_state::translated;
     }
     keyed_.emplace(published.key, keyed_block{d, 1});
     keys_.emplace_back(wire::key_of(d), true);
     parent = d;
-    parent_is_cluster = true;
   }
+}
+
+void block_table::drop_own_keys(apply_counts& counts) {
+  std::unordered_set<wire::block_key> cluster;
+  cluster.reserve(keyed_.size());
+  for (const auto& [engine, k] : keyed_)
+    cluster.insert(wire::key_of(k.cluster));
+  for (auto& [key, kept] : keys_) // this event's blocks not stored yet
+    if (kept && cluster.count(key) == 0) {
+      kept = false;
+      ++counts.untranslated;
+    }
+  std::vector<group_key> gone;
+  for (const auto& [g, n] : refs_)
+    if (cluster.count(g.key) == 0)
+      gone.push_back(g);
+  for (const auto& g : gone) {
+    refs_.erase(g);
+    block_ref ref{g.key, g.where};
+    auto p = presence_.find(ref);
+    if (--p->second == 0) {
+      presence_.erase(p);
+      presence_changed(ref, true);
+      ++counts.untranslated;
+    }
+  }
+  if (!gone.empty())
+    partial_ = true; // the engine holds them; their cluster keys are unknown
 }
 
 void block_table::flag_mismatch(std::string message) {

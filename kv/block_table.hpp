@@ -35,7 +35,9 @@
 //   subscriber joined or before a gap; a copy on another medium of a block
 //   never seen on the GPU) is left out and counted, except while every
 //   block so far proved the engine hashes the cluster's way, when its own
-//   key is used as today. What makes a whole engine untranslatable
+//   key is used as today; should a later block prove otherwise, those
+//   blocks are dropped (the table is then partial). What makes a whole
+//   engine untranslatable
 //   (another block size, no token ids, no extra keys while hashing another
 //   way) marks it so until the next reset: not routed on its blocks.
 #pragma once
@@ -260,6 +262,10 @@ private:
   wire::block_key cluster_key_of(wire::block_key engine_key) const;
   /// One held copy of `engine_key`'s translated block went away.
   void release(wire::block_key engine_key);
+  /// The engine turned out not to hash the cluster's way after all: drops
+  /// every block held under a key no cluster digest gave (kept by
+  /// fallback() while parity was verified).
+  void drop_own_keys(apply_counts& counts);
 
   std::unordered_map<group_key, std::uint32_t, group_key_hash> refs_;
   std::unordered_map<block_ref, std::uint32_t, block_ref_hash> presence_; ///< live groups

@@ -23,8 +23,14 @@ struct kv_event_socket::impl {
 
 namespace {
 
-void bound(zmq::socket_t& s, const kv_event_socket_options& opts) {
+/// Bounds and options of a socket that goes to `endpoint`.
+void bound(zmq::socket_t& s, const kv_event_socket_options& opts, const std::string& endpoint) {
   s.set(zmq::sockopt::linger, 0);
+  // libzmq resolves IPv4 only unless told. An IPv6 address is written in
+  // brackets (tcp://[::1]:5557); names keep resolving to IPv4, where
+  // vLLM's tcp://*:5557 listens.
+  if (endpoint.find('[') != std::string::npos)
+    s.set(zmq::sockopt::ipv6, true);
   s.set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(opts.max_message_bytes));
   s.set(zmq::sockopt::rcvhwm, opts.queue_messages);
 }
@@ -38,7 +44,7 @@ kv_event_socket::kv_event_socket(const kv_event_socket_options& opts)
   const char* step = connect ? "connect" : "bind";
   const std::string& where = opts.endpoint;
   try {
-    bound(impl_->sub, opts);
+    bound(impl_->sub, opts, opts.endpoint);
     impl_->sub.set(zmq::sockopt::subscribe, opts.topic);
     if (connect) {
       impl_->sub.connect(opts.endpoint);
@@ -65,7 +71,7 @@ kv_event_socket::kv_event_socket(const kv_event_socket_options& opts)
 bool kv_event_socket::connect_replay(const std::string& endpoint, std::string& error) {
   try {
     impl_->dealer.emplace(impl_->context, zmq::socket_type::dealer);
-    bound(*impl_->dealer, impl_->opts); // the replay endpoint is the engine's too
+    bound(*impl_->dealer, impl_->opts, endpoint); // the replay endpoint is the engine's too
     impl_->dealer->connect(endpoint);
     return true;
   } catch (const zmq::error_t& e) {

@@ -354,7 +354,9 @@ void append_router_metrics(wire::metrics_text& m, const router_core& core,
                 {{"replica", r.name}, {"reason", to_string(why)}});
     }
     auto mm = stats.mismatches.find(r.name);
-    m.counter("llmgw_kv_hash_mismatches_total", "Times the replica was found hashing differently.",
+    m.counter("llmgw_kv_hash_mismatches_total",
+              "Times the replica's blocks were found unusable for routing: hashed differently "
+              "(block_keys = engine) or not translatable.",
               mm == stats.mismatches.end() ? 0 : static_cast<double>(mm->second),
               {{"replica", r.name}});
   }

@@ -1,6 +1,7 @@
 #include "wire/address.hpp"
 
 #include <algorithm>
+#include <cctype>
 
 namespace llmgw::wire {
 
@@ -39,10 +40,28 @@ std::optional<host_port> parse_tcp_endpoint(std::string_view endpoint) {
   constexpr std::string_view scheme = "tcp://";
   if (endpoint.substr(0, scheme.size()) != scheme)
     return std::nullopt;
-  auto at = parse_host_port(endpoint.substr(scheme.size()));
-  if (!at || at->host == "*" || at->host.find('/') != std::string::npos)
+  auto rest = endpoint.substr(scheme.size());
+  auto at = parse_host_port(rest);
+  if (!at)
     return std::nullopt;
+  auto written = rest.substr(0, rest.rfind(':'));
+  bool bracketed = written.size() > 2 && written.front() == '[' && written.back() == ']';
+  // An IPv6 address only in brackets (else its last group reads as a port);
+  // a name or IPv4 address of letters, digits, '.', '-' and '_' only.
+  bool v6 = at->host.find(':') != std::string::npos;
+  if (v6 != bracketed)
+    return std::nullopt;
+  for (char c : at->host) {
+    bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_'
+              || (v6 && (c == ':' || c == '%'));
+    if (!ok)
+      return std::nullopt;
+  }
   return at;
+}
+
+bool is_wildcard(std::string_view host) {
+  return host == "*" || host == "0.0.0.0" || host == "::" || host == "0:0:0:0:0:0:0:0";
 }
 
 std::string tcp_endpoint(const host_port& at, std::uint32_t offset) {

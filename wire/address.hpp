@@ -23,10 +23,14 @@ std::optional<host_port> parse_host_port(std::string_view s);
 /// and no path; nullopt otherwise.
 std::optional<host_port> parse_http_url(std::string_view url);
 
-/// A ZeroMQ tcp endpoint to connect to: "tcp://HOST:PORT" (an IPv6 address
-/// in brackets); nullopt otherwise, and for a wildcard host ("*"), which is
-/// where a socket binds, not an address to reach.
+/// A ZeroMQ tcp endpoint: "tcp://HOST:PORT", HOST a name or an IPv4 address,
+/// or an IPv6 address in brackets; nullopt otherwise (an unbracketed IPv6
+/// address, "*", spaces, brackets inside).
 std::optional<host_port> parse_tcp_endpoint(std::string_view endpoint);
+
+/// True for the hosts a socket binds on every interface with ("*",
+/// "0.0.0.0", "::"): where an engine listens, not an address to reach it at.
+bool is_wildcard(std::string_view host);
 
 /// "tcp://HOST:PORT" for `at` with `offset` added to its port (vLLM's
 /// data-parallel rank r is at the port + r); the caller checks the range.

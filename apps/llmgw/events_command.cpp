@@ -165,7 +165,8 @@ void add_events_command(CLI::App& app, int& exit_code) {
       exit_code = 2;
       return;
     }
-    if (!opts->connect.empty() && !wire::parse_tcp_endpoint(opts->connect)) {
+    auto at = wire::parse_tcp_endpoint(opts->connect);
+    if (!opts->connect.empty() && (!at || wire::is_wildcard(at->host))) {
       fmt::print(stderr,
                  "llmgw events: --connect '{}' must be tcp://HOST:PORT (the engine's address; "
                  "'*' is where it binds, not where to reach it)\n",
@@ -173,6 +174,8 @@ void add_events_command(CLI::App& app, int& exit_code) {
       exit_code = 2;
       return;
     }
+    if (at)
+      opts->connect = wire::tcp_endpoint(*at); // as ZeroMQ reads it
     exit_code = run_events(*opts);
   });
 }

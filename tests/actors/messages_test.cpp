@@ -43,7 +43,7 @@ llmgw::replica_update sample_update() {
   u.seq = 42;
   u.epoch = 7;
   u.reset = true;
-  u.parity = static_cast<std::uint8_t>(llmgw::kv::parity_state::verified);
+  u.parity = static_cast<std::uint8_t>(llmgw::kv::parity_state::untranslatable);
   u.partial = true;
   u.added = {{16284813627505341992u, llmgw::kv::medium::gpu}, {1, llmgw::kv::medium::cpu}};
   u.removed = {{~std::uint64_t{0}, llmgw::kv::medium::storage}};
@@ -52,6 +52,8 @@ llmgw::replica_update sample_update() {
   u.totals.removed = 13;
   u.totals.ignored_removes = 14;
   u.totals.verified_blocks = 15;
+  u.totals.translated_blocks = 16;
+  u.totals.untranslated_blocks = 17;
   for (int i = 0; i < 5; ++i)
     u.totals.resets[i] = 20u + static_cast<unsigned>(i);
   u.mac = std::string("\x00\xff mac", 6);
@@ -96,6 +98,8 @@ TEST(messages, cross_a_real_connection_intact) {
         EXPECT_EQ(u.totals.removed, 13u);
         EXPECT_EQ(u.totals.ignored_removes, 14u);
         EXPECT_EQ(u.totals.verified_blocks, 15u);
+        EXPECT_EQ(u.totals.translated_blocks, 16u);
+        EXPECT_EQ(u.totals.untranslated_blocks, 17u);
         for (int i = 0; i < 5; ++i)
           EXPECT_EQ(u.totals.resets[i], 20u + static_cast<unsigned>(i));
         EXPECT_EQ(ack.session, sent.session);

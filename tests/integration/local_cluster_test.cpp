@@ -317,6 +317,15 @@ TEST(local_cluster, engines_at_vllms_defaults_are_routed_by_their_kv_events) {
   EXPECT_GT(cached.as_int64(), 900) << "the engine found the prefix the index predicted";
   rank = rank_of();
   EXPECT_EQ(rank.at("agent").at("untranslated_blocks"), 0) << rank;
+  std::promise<http_response> m;
+  http.request("GET", c.gateway, "/metrics", "", 5s,
+               [&m](http_response r) { m.set_value(std::move(r)); });
+  auto metrics = m.get_future().get().body;
+  auto labels = "{replica=\"" + replica + "\",dp_rank=\"0\"}";
+  EXPECT_NE(metrics.find("llmgw_kv_keys_translated" + labels + " 1\n"), std::string::npos)
+    << metrics;
+  EXPECT_NE(metrics.find("llmgw_kv_hash_mismatch" + labels + " 0\n"), std::string::npos);
+  EXPECT_NE(metrics.find("llmgw_kv_blocks_translated_total" + labels + " "), std::string::npos);
 
   // llmgw check says how each engine is reached.
   test::child_process check({LLMGW_BINARY, "check", "--config", c.dir + "/cluster.toml"});

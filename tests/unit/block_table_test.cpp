@@ -410,8 +410,21 @@ TEST_P(block_table_capture, an_engine_hashing_another_way_is_keyed_as_the_router
     << "entries leave with their blocks";
 }
 
-TEST(block_table_translation, a_late_subscriber_leaves_out_blocks_whose_parent_it_never_saw) {
-  auto doc = llmgw::test::read_json(llmgw::test::capture_path("S1_basic.map.int.json"));
+class block_table_late : public ::testing::TestWithParam<std::string> {};
+
+INSTANTIATE_TEST_SUITE_P(hash_forms, block_table_late,
+                         ::testing::Values("S1_basic.map.int.json", "S1_basic.map.bytes.json"),
+                         [](const auto& info) {
+                           return std::string(info.param.find("bytes") != std::string::npos
+                                                ? "digests"
+                                                : "integers");
+                         });
+
+// With whole digests published, a block chained from a parent stored before
+// the subscriber joined matches its own recomputation under any seed: that
+// proves the engine's algorithm, not its seed, and must not count as parity.
+TEST_P(block_table_late, a_late_subscriber_leaves_out_blocks_whose_parent_it_never_saw) {
+  auto doc = llmgw::test::read_json(llmgw::test::capture_path(GetParam()));
   auto keys = llmgw::test::capture_router_keys(doc, "1");
   block_table table(translating("1"));
   apply_counts totals;
@@ -432,6 +445,60 @@ TEST(block_table_translation, a_late_subscriber_leaves_out_blocks_whose_parent_i
   for (const auto& b : table.held())
     EXPECT_EQ(cluster.count(b.key), 1u) << "only the router's keys, never an engine's";
   EXPECT_EQ(table.parity(), parity_state::translated);
+}
+
+TEST(block_table_translation, a_match_chained_from_an_engines_digest_proves_no_seed) {
+  auto doc = llmgw::test::read_json(llmgw::test::capture_path("S1_basic.map.bytes.json"));
+  block_table table(translating("1"));
+  const auto& frames = doc.at("frames").as_array();
+  for (std::size_t i = 1; i < frames.size(); ++i) { // joined late, and no extra keys
+    auto b =
+      decode_batch(llmgw::test::from_hex(json::value_to<std::string>(frames[i].at("payload_hex"))));
+    ASSERT_TRUE(b);
+    for (auto& ev : b->events)
+      ev.extra_keys.reset();
+    table.apply(*b);
+    ASSERT_NE(table.parity(), parity_state::verified) << "after frame " << i;
+  }
+  EXPECT_EQ(table.parity(), parity_state::untranslatable) << "another seed, nothing to translate";
+}
+
+TEST(block_table_translation, blocks_kept_on_a_belief_the_engine_hashes_our_way_go_when_it_fails) {
+  auto doc = llmgw::test::read_json(llmgw::test::capture_path("S1_basic.map.int.json"));
+  auto first = decode_batch(
+    llmgw::test::from_hex(json::value_to<std::string>(doc.at("frames").at(0).at("payload_hex"))));
+  ASSERT_TRUE(first);
+  block_table table(translating("0"));
+  table.subscribe(1);
+  table.apply(*first);
+  ASSERT_EQ(table.parity(), parity_state::verified);
+  // Believed to hash our way: a copy never seen on the GPU keeps its key,
+  // and so does a GPU store without tokens.
+  auto no_tokens = stored({777}, "GPU");
+  table.apply(batch({stored({4242}, "CPU"), no_tokens}));
+  EXPECT_TRUE(table.holds({4242, medium::cpu}));
+  EXPECT_TRUE(table.holds({777, medium::gpu}));
+  EXPECT_EQ(table.parity(), parity_state::verified) << "no tokens: nothing to disprove";
+  table.drain(1);
+  // Then a block hashes otherwise (a token the engine hashed differently).
+  auto odd = first->events.at(0);
+  odd.parent_block_hash.reset();
+  odd.token_ids[0] += 1;
+  odd.block_hashes.resize(1);
+  odd.block_hashes[0].key = 99; // the engine's key for it
+  if (odd.extra_keys)
+    odd.extra_keys->resize(1);
+  odd.token_ids.resize(16);
+  auto c = table.apply(batch({odd}));
+  EXPECT_EQ(table.parity(), parity_state::translated);
+  EXPECT_FALSE(table.holds({4242, medium::cpu})) << "kept under the engine's key: dropped";
+  EXPECT_FALSE(table.holds({777, medium::gpu}));
+  EXPECT_TRUE(table.partial()) << "the engine still holds them, under keys unknown here";
+  EXPECT_EQ(c.untranslated, 2u);
+  auto delta = table.drain(1);
+  EXPECT_EQ(delta.removed.size(), 2u) << "subscribers are told";
+  EXPECT_FALSE(table.holds({99, medium::gpu}));
+  EXPECT_EQ(table.translations(), distinct_keys(table));
 }
 
 TEST(block_table_translation, copies_on_other_media_follow_the_gpu_blocks_key) {

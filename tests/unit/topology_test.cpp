@@ -3,6 +3,7 @@
 #include "config/node_identity.hpp"
 #include "config/pki.hpp"
 #include "config/topology.hpp"
+#include "wire/address.hpp"
 
 #include <gtest/gtest.h>
 
@@ -467,8 +468,45 @@ kv_events = true
 events_port = 5560
 )";
   auto p = problems_of(text);
-  EXPECT_TRUE(has_problem(p, 33, "replica 'a1' events ports 5560..5560 overlap"));
+  EXPECT_TRUE(has_problem(p, 33,
+                          "replica 'a1' events ports 5560..5560 overlap replica 'a0''s "
+                          "events ports 5557..5560 on loopback"));
   EXPECT_TRUE(parse(replace(text, "events_port = 5560", "events_port = 5561")).value);
+  // The agent connecting to a port it binds itself for another engine.
+  p = problems_of(replace(text, "events_port = 5560", "events = \"tcp://localhost:5559\""));
+  EXPECT_TRUE(has_problem(p, 33, "replica 'a1' events ports 5559..5559 overlap"));
+  // Two engines at one remote engine's ranks, or its events and replay.
+  auto remote = replace(replace(text, "events_port = 5560", "events = \"tcp://10.0.0.5:5558\""),
+                        "events_port = 5557", "events = \"tcp://10.0.0.5:5557\"");
+  p = problems_of(remote);
+  EXPECT_TRUE(has_problem(p, 33,
+                          "replica 'a1' events ports 5558..5558 overlap replica 'a0''s "
+                          "events ports 5557..5560 at 10.0.0.5"));
+  p = problems_of(replace(remote, "events = \"tcp://10.0.0.5:5558\"",
+                          "events = \"tcp://10.0.0.6:5557\"\nreplay_endpoint = "
+                          "\"tcp://10.0.0.5:5559\""));
+  EXPECT_TRUE(has_problem(p, 33, "replay ports 5559..5559 overlap replica 'a0''s events ports"));
+  EXPECT_TRUE(parse(replace(remote, "tcp://10.0.0.5:5558", "tcp://10.0.0.6:5557")).value)
+    << "another host: no clash";
+}
+
+TEST(topology, events_endpoints_are_addresses_to_reach) {
+  auto text = replace(valid_text(), "events_port = 5557\n", "");
+  for (const char* bad : {"tcp://0.0.0.0:5557", "tcp://[::]:5557"}) {
+    auto p = problems_of(text + "events = \"" + bad + "\"\n");
+    EXPECT_TRUE(has_problem(p, 30, "is where vLLM binds, not where to reach it")) << bad;
+  }
+  for (const char* bad :
+       {"tcp://fe80::1:5557", "tcp://[:5557", "tcp://[]:5557", "tcp:// :5557", "tcp://h/x:5557"}) {
+    auto p = problems_of(text + "events = \"" + bad + "\"\n");
+    EXPECT_TRUE(has_problem(p, 30, "must be tcp://HOST:PORT")) << bad;
+  }
+  auto v6 = parse(text + "events = \"tcp://[fe80::1]:5557\"\n");
+  ASSERT_TRUE(v6.value);
+  auto at = wire::parse_tcp_endpoint(v6.value->find_node("agent-a")->engines.at(0).events);
+  ASSERT_TRUE(at);
+  EXPECT_EQ(at->host, "fe80::1");
+  EXPECT_EQ(wire::tcp_endpoint(*at, 1), "tcp://[fe80::1]:5558");
 }
 
 TEST(topology, an_unreadable_file) {
