@@ -286,6 +286,18 @@ void block_table::translate_stored(const wire::kv_event& ev, medium where, apply
     return;
   }
   const auto bs = hasher_->block_size();
+  // A hybrid model's other groups (sliding window, Mamba) leave their null
+  // blocks out of block_hashes but not of token_ids: their tokens do not
+  // line up with their blocks, but their hashes are the full-attention
+  // group's, keyed there.
+  bool other_group = ev.group_idx.value_or(0) != 0
+                     || (ev.kv_cache_spec_kind && *ev.kv_cache_spec_kind != "full_attention");
+  if (ev.block_size == bs && other_group && ev.token_ids.size() != n * bs) {
+    for (std::size_t i = 0; i < n; ++i)
+      if (!known(i))
+        fallback(ev.block_hashes[i].key, counts);
+    return;
+  }
   if (ev.block_size != bs || ev.token_ids.size() != n * bs
       || (ev.extra_keys && ev.extra_keys->size() != n)) {
     if (ev.block_size != bs)

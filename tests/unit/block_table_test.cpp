@@ -528,6 +528,41 @@ TEST(block_table_translation, copies_on_other_media_follow_the_gpu_blocks_key) {
   EXPECT_FALSE(table.holds({12345, medium::cpu}));
 }
 
+// A hybrid model publishes each KV cache group's blocks; a sliding-window
+// group leaves its null blocks out of block_hashes but not of token_ids.
+// Its hashes are the full-attention group's, keyed there.
+TEST(block_table_translation, a_hybrid_models_other_groups_follow_the_full_attention_keys) {
+  auto doc = llmgw::test::read_json(llmgw::test::capture_path("S1_basic.map.int.json"));
+  auto keys = llmgw::test::capture_router_keys(doc, "1");
+  auto first = decode_batch(
+    llmgw::test::from_hex(json::value_to<std::string>(doc.at("frames").at(0).at("payload_hex"))));
+  ASSERT_TRUE(first);
+  auto full = first->events.at(0);
+  ASSERT_GE(full.block_hashes.size(), 3u);
+  auto window = full;
+  window.group_idx = 1;
+  window.kv_cache_spec_kind = "sliding_window";
+  window.kv_cache_spec_sliding_window = 32;
+  window.block_hashes.erase(window.block_hashes.begin()); // block 0 fell out of the window
+  if (window.extra_keys)
+    window.extra_keys->erase(window.extra_keys->begin());
+  block_table table(translating("1"));
+  auto c = table.apply(batch({full, window}));
+  EXPECT_EQ(c.untranslated, 0u);
+  EXPECT_EQ(table.parity(), parity_state::translated) << table.parity_message();
+  for (const auto& h : window.block_hashes)
+    EXPECT_TRUE(table.holds({keys.at(h.key), medium::gpu}));
+  // Removing the full-attention copy leaves the window's.
+  auto gone = removed({window.block_hashes[0].key}, "GPU", 0);
+  c = table.apply(batch({gone}));
+  EXPECT_EQ(c.ignored_removes, 0u);
+  EXPECT_TRUE(table.holds({keys.at(window.block_hashes[0].key), medium::gpu}))
+    << "still held by group 1";
+  c = table.apply(batch({removed({window.block_hashes[0].key}, "GPU", 1)}));
+  EXPECT_EQ(c.ignored_removes, 0u);
+  EXPECT_FALSE(table.holds({keys.at(window.block_hashes[0].key), medium::gpu}));
+}
+
 TEST(block_table_translation, what_cannot_be_translated_says_why_and_is_not_routed) {
   auto doc = llmgw::test::read_json(llmgw::test::capture_path("S1_basic.map.int.json"));
   auto first = decode_batch(
