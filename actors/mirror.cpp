@@ -59,6 +59,8 @@ replica_update to_update(const mirror_state& st, const kv::table_delta& delta) {
   u.added = delta.added;
   u.removed = delta.removed;
   u.totals = st.counters;
+  if (!kv::routable(parity))
+    u.parity_reason = st.table.parity_message().substr(0, max_parity_reason);
   return u;
 }
 

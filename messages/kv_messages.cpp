@@ -12,6 +12,9 @@ namespace llmgw {
 std::string out_of_range_fields(const replica_update& u) {
   if (u.parity > static_cast<std::uint8_t>(kv::last_parity_state))
     return fmt::format("parity {} is no parity state", u.parity);
+  if (u.parity_reason.size() > max_parity_reason)
+    return fmt::format("a parity reason of {} bytes (at most {})", u.parity_reason.size(),
+                       max_parity_reason);
   for (const auto* list : {&u.added, &u.removed})
     for (const auto& b : *list)
       if (static_cast<std::uint8_t>(b.where) > static_cast<std::uint8_t>(kv::last_medium))

@@ -103,13 +103,20 @@ struct replica_update {
   std::vector<kv::block_ref> added;
   std::vector<kv::block_ref> removed;
   kv::mirror_totals totals; ///< the mirror's counts so far
-  std::string mac;          ///< update_mac() under the session key
+  /// Why parity is not routable (mismatch, untranslatable), as the mirror
+  /// says it; empty otherwise. At most max_parity_reason bytes.
+  std::string parity_reason;
+  std::string mac; ///< update_mac() under the session key
 };
+
+/// The longest parity_reason a control node takes.
+inline constexpr std::size_t max_parity_reason = 1024;
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, replica_update& x) {
   return f(caf::meta::type_name("replica_update"), x.node, x.replica, x.dp_rank, x.session, x.seq,
-           x.epoch, x.reset, x.parity, x.partial, x.added, x.removed, x.totals, x.mac);
+           x.epoch, x.reset, x.parity, x.partial, x.added, x.removed, x.totals, x.parity_reason,
+           x.mac);
 }
 
 /// What in `u` is not a value of its enum (`parity`, a block's medium), or

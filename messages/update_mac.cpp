@@ -49,6 +49,7 @@ std::string update_mac(std::string_view key, const replica_update& u) {
     put(bytes, v);
   for (auto v : t.resets)
     put(bytes, v);
+  put(bytes, u.parity_reason);
   return config::session_mac(key, bytes);
 }
 

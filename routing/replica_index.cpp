@@ -107,6 +107,7 @@ apply_outcome replica_index::apply(const kv_change& change,
       }
     }
   info.parity = change.parity;
+  info.parity_reason.assign(change.parity_reason.data(), change.parity_reason.size());
   info.partial = change.partial;
   info.last_update = now;
   ++info.updates;
@@ -124,6 +125,7 @@ void replica_index::drop_replica(std::string_view replica) {
     holders_[h].fingerprint = 0;
     holders_[h].has_state = false;
     holders_[h].parity = kv::parity_state::unknown;
+    holders_[h].parity_reason.clear();
   }
 }
 

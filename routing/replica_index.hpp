@@ -55,7 +55,8 @@ struct kv_change {
   kv::parity_state parity = kv::parity_state::unknown;
   const std::vector<kv::block_ref>* added = nullptr;
   const std::vector<kv::block_ref>* removed = nullptr;
-  bool partial = false; ///< the engine may hold blocks the sender does not know
+  bool partial = false;                ///< the engine may hold blocks the sender does not know
+  std::string_view parity_reason = {}; ///< why parity is not routable, if it is not
 };
 
 /// What applying a change did.
@@ -68,6 +69,7 @@ struct holder_info {
   bool has_state = false; ///< a full copy arrived and was not dropped since
   std::uint64_t epoch = 0;
   kv::parity_state parity = kv::parity_state::unknown;
+  std::string parity_reason; ///< the agent's words, when parity is not routable
   /// The agent's mirror may lack blocks the engine holds (an unfilled gap):
   /// the router scores it by the better of this index and tier 1.
   bool partial = false;

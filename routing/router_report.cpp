@@ -1,5 +1,7 @@
 #include "routing/router_report.hpp"
 
+#include "base/log.hpp"
+
 #include <boost/json.hpp>
 #include <fmt/format.h>
 
@@ -84,6 +86,8 @@ std::string kv_replicas_json(const router_core& core, const router_stats& stats,
       x["partial"] = info.partial;
       x["parity"] = to_string(info.parity);
       x["hash_mismatch"] = !kv::routable(info.parity);
+      if (!info.parity_reason.empty())
+        x["parity_reason"] = log::printable(info.parity_reason, 1024);
       x["updates"] = info.updates;
       x["resets"] = info.resets;
       x["fingerprint"] = fmt::format("{:016x}", info.fingerprint);

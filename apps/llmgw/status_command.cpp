@@ -152,6 +152,17 @@ std::map<std::string, std::pair<int, int>> print_replicas(const json::array& rep
                cell(at(*r, {"index_check", "distrusted"})), cell(at(*r, {"outstanding"})), load,
                kv_use);
   }
+  // Why a rank is not routed on its KV state, in the agent's words.
+  for (const auto& rv : replicas) {
+    const auto* r = rv.if_object();
+    const auto* ranks = r ? at(*r, {"ranks"}) : nullptr;
+    if (!ranks || !ranks->is_array())
+      continue;
+    for (const auto& k : ranks->as_array())
+      if (const auto* x = k.if_object(); x && at(*x, {"parity_reason"}))
+        fmt::print("  {} rank {}: {}: {}\n", cell(at(*r, {"replica"})), cell(at(*x, {"dp_rank"})),
+                   cell(at(*x, {"parity"})), cell(at(*x, {"parity_reason"})));
+  }
   return nodes;
 }
 

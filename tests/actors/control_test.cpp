@@ -3,6 +3,7 @@
 // the ownership checks, and what a node going away does.
 #include "actors/control.hpp"
 #include "actors/router.hpp"
+#include "routing/router_report.hpp"
 #include "tests/actors/deterministic.hpp"
 #include "tests/support/credentials.hpp"
 
@@ -295,6 +296,41 @@ TEST_F(control_test, enum_values_out_of_range_are_refused_and_counted) {
   EXPECT_TRUE(trusted("a0")) << "the session goes on";
   send(a, "a0", {5}, false);
   EXPECT_EQ(blocks_of("a0"), 3u);
+}
+
+TEST_F(control_test, an_untranslatable_replica_is_distrusted_with_the_agents_reason) {
+  auto a = connect("agent-a", 1);
+  send(a, "a0", {1, 2});
+  ASSERT_TRUE(trusted("a0"));
+  auto u = update(a, "a0", {3}, false);
+  u.parity = static_cast<std::uint8_t>(kv::parity_state::untranslatable);
+  u.parity_reason = "the engine publishes block size 64, the cluster's is 16";
+  u.mac = update_mac(a.key, u);
+  send_raw(a, u);
+  EXPECT_FALSE(trusted("a0")) << "routed by tier 1";
+  auto h = core().kv().find("a0", 0);
+  ASSERT_TRUE(h);
+  EXPECT_EQ(core().kv().info(*h).parity_reason, u.parity_reason);
+  auto report = routing::kv_replicas_json(core(), stats(), std::chrono::steady_clock::now());
+  EXPECT_NE(report.find("\"parity\":\"untranslatable\",\"hash_mismatch\":true,"
+                        "\"parity_reason\":\"the engine publishes block size 64"),
+            std::string::npos)
+    << report;
+  EXPECT_EQ(stats().mismatches["a0"], 1u) << "counted";
+  // A reason longer than any the agent writes is refused whole.
+  auto huge = update(a, "a0", {4}, false);
+  huge.parity_reason.assign(max_parity_reason + 1, 'x');
+  huge.mac = update_mac(a.key, huge);
+  send_raw(a, huge);
+  EXPECT_EQ(refused("agent-a", "malformed"), 1u);
+  EXPECT_EQ(blocks_of("a0"), 3u) << "the refused update touched nothing";
+  // Translated again after a restart: trusted, the reason gone.
+  auto back = update(a, "a0", {5}, true);
+  back.parity = static_cast<std::uint8_t>(kv::parity_state::translated);
+  back.mac = update_mac(a.key, back);
+  send_raw(a, back);
+  EXPECT_TRUE(trusted("a0"));
+  EXPECT_TRUE(core().kv().info(*h).parity_reason.empty());
 }
 
 TEST_F(control_test, a_node_cannot_speak_for_another_nodes_replicas) {
