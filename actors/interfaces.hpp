@@ -126,7 +126,7 @@ using router_actor = caf::typed_actor<
 /// Tokenizes prompts through the engines' /tokenize, with a cache.
 using tokenizer_actor = caf::typed_actor<
   // Tokens for a /tokenize body (wire::openai_request) of a model.
-  caf::replies_to<tokenize_atom, std::string, std::string>::with<tokenize_reply>,
+  caf::replies_to<tokenize_atom, tokenize_request>::with<tokenize_reply>,
   // Internal: the HTTP client's answer for request N.
   caf::reacts_to<tokenized_atom, std::uint64_t, tokenize_reply>,
   // This node's reload: the replicas to tokenize with from now on.

@@ -8,6 +8,8 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 namespace llmgw {
@@ -42,13 +44,60 @@ void use_replicas_of(tokenizer_state& st, const config::topology& topo) {
   std::vector<tokenizer_state::replica> fresh;
   for (const auto& n : topo.nodes)
     for (const auto& e : n.engines) {
-      tokenizer_state::replica r{e.replica, e.model, e.lora, e.url, {}};
+      tokenizer_state::replica r{e.replica, e.model, e.lora, e.url, {}, false};
       for (const auto& old : st.replicas)
-        if (old.name == e.replica && old.url == e.url)
+        if (old.name == e.replica && old.url == e.url) {
           r.bad_until = old.bad_until;
+          r.no_render = old.no_render;
+        }
       fresh.push_back(std::move(r));
     }
   st.replicas = std::move(fresh);
+}
+
+/// Asks `replica` for the tokens of pending request `id`: its render
+/// endpoint unless it has none, else /tokenize.
+void ask(self_ptr self, std::uint64_t id, const tokenizer_state::replica& replica) {
+  auto& st = self->state;
+  const auto& req = st.pending.at(id).request;
+  bool render = !replica.no_render && !req.render_path.empty();
+  auto start = st.pending.at(id).start;
+  // A weak address: the callbacks live in the HTTP client, which the
+  // actor's own state owns; a strong handle there would keep the actor
+  // alive from inside itself.
+  auto me = self->address();
+  auto name = replica.name;
+  st.http->post_json(
+    replica.url, render ? req.render_path : "/tokenize",
+    render ? req.render_body : req.tokenize_body, st.timeout,
+    [me, id, start, name, render](const http_response& resp) {
+      tokenize_reply r;
+      r.replica = name;
+      r.method = render ? "render" : "tokenize";
+      r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (resp.status == 200) {
+        auto tokens = render ? wire::parse_render_response(resp.body)
+                             : wire::parse_tokenize_response(resp.body);
+        if (tokens) {
+          r.ok = true;
+          r.tokens = std::move(*tokens);
+        } else {
+          r.error = tokens.err().message;
+          if (render) // whatever answers there, it is no render endpoint
+            r.method = "no render";
+        }
+      } else if (resp.status != 0) {
+        r.error = fmt::format("{} answered {}: {}", render ? "render" : "/tokenize", resp.status,
+                              resp.body.substr(0, 200));
+        // No such endpoint: this engine is asked /tokenize instead.
+        if (render && (resp.status == 404 || resp.status == 405 || resp.status == 501))
+          r.method = "no render";
+      } else {
+        r.error = resp.error;
+      }
+      if (auto handle = caf::actor_cast<tokenizer_actor>(me))
+        caf::anon_send(handle, tokenized_atom::value, id, std::move(r));
+    });
 }
 
 } // namespace
@@ -62,55 +111,26 @@ tokenizer_actor::behavior_type tokenizer(tokenizer_actor::stateful_pointer<token
   st.timeout = topo.router.tokenize_timeout;
   st.http = std::make_unique<http_client>();
   return {
-    [self](tokenize_atom, const std::string& model,
-           const std::string& body) -> caf::result<tokenize_reply> {
+    [self](tokenize_atom, tokenize_request& req) -> caf::result<tokenize_reply> {
       auto& st = self->state;
       tokenize_reply cached;
       // Not counted: the gateway counted its own look-up before asking.
-      if (st.cache->peek(model, body, cached.tokens)) {
+      if (st.cache->peek(req.model, req.render_body, cached.tokens)) {
         cached.ok = true;
         cached.cached = true;
         return cached;
       }
-      const auto* replica = pick(st, model);
+      const auto* replica = pick(st, req.model);
       if (!replica) {
         tokenize_reply r;
-        r.error = "no replica serves model '" + model + "'";
+        r.error = "no replica serves model '" + req.model + "'";
         return r;
       }
       auto id = ++st.next_id;
       auto rp = self->make_response_promise<tokenize_reply>();
-      st.pending.emplace(id, tokenizer_state::waiting{rp, model, body});
-      auto start = std::chrono::steady_clock::now();
-      // A weak address: the callbacks live in the HTTP client, which the
-      // actor's own state owns; a strong handle there would keep the actor
-      // alive from inside itself.
-      auto me = self->address();
-      auto name = replica->name;
-      st.http->post_json(
-        replica->url, "/tokenize", body, st.timeout,
-        [me, id, start, name](const http_response& resp) {
-          tokenize_reply r;
-          r.replica = name;
-          r.seconds =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-          if (resp.status == 200) {
-            auto tokens = wire::parse_tokenize_response(resp.body);
-            if (tokens) {
-              r.ok = true;
-              r.tokens = std::move(*tokens);
-            } else {
-              r.error = tokens.err().message;
-            }
-          } else if (resp.status != 0) {
-            r.error =
-              "/tokenize answered " + std::to_string(resp.status) + ": " + resp.body.substr(0, 200);
-          } else {
-            r.error = resp.error;
-          }
-          if (auto handle = caf::actor_cast<tokenizer_actor>(me))
-            caf::anon_send(handle, tokenized_atom::value, id, std::move(r));
-        });
+      st.pending.emplace(
+        id, tokenizer_state::waiting{rp, std::move(req), std::chrono::steady_clock::now()});
+      ask(self, id, *replica);
       return rp;
     },
     [self](tokenized_atom, std::uint64_t id, tokenize_reply& r) {
@@ -118,10 +138,23 @@ tokenizer_actor::behavior_type tokenizer(tokenizer_actor::stateful_pointer<token
       auto it = st.pending.find(id);
       if (it == st.pending.end())
         return;
+      if (r.method == "no render") {
+        for (auto& rep : st.replicas)
+          if (rep.name == r.replica && !rep.no_render) {
+            rep.no_render = true;
+            LLMGW_LOG(info, "tokenizer",
+                      "replica {} has no render endpoint ({}): asking its /tokenize, which "
+                      "ignores some request fields (start vLLM with --enable-scale-out)",
+                      r.replica, r.error);
+          }
+        for (const auto& rep : st.replicas)
+          if (rep.name == r.replica)
+            return ask(self, id, rep); // the same request, by /tokenize
+      }
       auto w = std::move(it->second);
       st.pending.erase(it);
       if (r.ok) {
-        st.cache->insert(w.model, w.body, r.tokens);
+        st.cache->insert(w.request.model, w.request.render_body, r.tokens);
       } else {
         for (auto& rep : st.replicas)
           if (rep.name == r.replica)

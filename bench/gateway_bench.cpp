@@ -293,6 +293,10 @@ int run_gateway_bench(int rounds, double rate, const std::string& only, int prom
     R"("choices":[{"index":0,"text":" ok","finish_reason":"length"}],)"
     R"("usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}})";
   http_server upstream("127.0.0.1", 0, 2, {}, [&](http_request&& req, http_responder respond) {
+    if (req.target == "/v1/completions/render" || req.target == "/v1/chat/completions/render") {
+      respond(http_reply{404, "application/json", R"({"detail":"Not Found"})", {}});
+      return; // no render endpoints: the tokenizer asks /tokenize from then on
+    }
     if (req.target == "/tokenize") {
       boost::json::array tokens;
       for (int i = 0; i < prompt_tokens; ++i)

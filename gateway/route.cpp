@@ -33,9 +33,12 @@ wire::block_hasher& hasher_for(const config::topology& topo) {
 /// caller's thread, not the router's), tier-1 chunk hashes, timings.
 routing::route_query make_query(const config::topology& topo, const wire::routing_request& req,
                                 bool dry_run, const std::vector<std::uint32_t>* tokens,
-                                double tokenize_seconds, const std::vector<std::string>& exclude) {
+                                double tokenize_seconds, const std::vector<std::string>& exclude,
+                                const char* tokens_from) {
   routing::route_query q;
   q.model = req.model;
+  if (tokens)
+    q.tokens_from = tokens_from;
   q.dry_run = dry_run;
   q.exclude = exclude;
   q.tokenize_seconds = tokenize_seconds;
@@ -73,25 +76,29 @@ void route_request(caf::actor_system& sys, const control_plane& plane,
                    std::function<void(const routing::route_decision&)> done,
                    const std::vector<std::string>& exclude) {
   if (req.token_ids) {
-    decide_here(plane, make_query(*topo, req, dry_run, &*req.token_ids, -1, exclude), done);
+    decide_here(plane, make_query(*topo, req, dry_run, &*req.token_ids, -1, exclude, "request"),
+                done);
     return;
   }
   // A prompt tokenized before: no hop to the tokenizer either.
   thread_local std::vector<std::uint32_t> tokens;
-  if (plane.token_cache->lookup(req.model, req.tokenize_body, tokens)) {
-    decide_here(plane, make_query(*topo, req, dry_run, &tokens, 0, exclude), done);
+  if (plane.token_cache->lookup(req.model, req.render_body, tokens)) {
+    decide_here(plane, make_query(*topo, req, dry_run, &tokens, 0, exclude, "cache"), done);
     return;
   }
   sys.spawn(
     [plane, topo, req, dry_run, done = std::move(done), exclude](caf::event_based_actor* self) {
       auto timeout = topo->router.tokenize_timeout + std::chrono::milliseconds(200);
-      self->request(plane.tokenizer, timeout, tokenize_atom::value, req.model, req.tokenize_body)
+      tokenize_request ask{req.model, req.tokenize_body, wire::render_path(req.kind),
+                           req.render_body};
+      self->request(plane.tokenizer, timeout, tokenize_atom::value, std::move(ask))
         .then(
           [plane, topo, req, dry_run, done, exclude](const tokenize_reply& r) {
             // Failed tokenization is not fatal: tier 1 routes the request.
             decide_here(plane,
                         make_query(*topo, req, dry_run, r.ok ? &r.tokens : nullptr,
-                                   r.cached ? 0.0 : r.seconds, exclude),
+                                   r.cached ? 0.0 : r.seconds, exclude,
+                                   r.cached ? "cache" : r.method.c_str()),
                         done);
           },
           [plane, topo, req, dry_run, done, exclude](const caf::error&) {
@@ -99,7 +106,7 @@ void route_request(caf::actor_system& sys, const control_plane& plane,
               plane,
               make_query(*topo, req, dry_run, nullptr,
                          std::chrono::duration<double>(topo->router.tokenize_timeout).count(),
-                         exclude),
+                         exclude, ""),
               done);
           });
     });

@@ -20,6 +20,14 @@ namespace config {
 struct topology;
 } // namespace config
 
+/// A prompt to tokenize, both ways an engine may be asked.
+struct tokenize_request {
+  std::string model;
+  std::string tokenize_body; ///< for POST /tokenize
+  std::string render_path;   ///< the render endpoint of the request's kind
+  std::string render_body;   ///< for it; also the token cache's key
+};
+
 /// What a tokenization gave: the tokens, or why there are none.
 struct tokenize_reply {
   bool ok = false;
@@ -28,6 +36,7 @@ struct tokenize_reply {
   std::string replica; ///< whose /tokenize answered
   double seconds = 0;  ///< time the HTTP call took (0 from the cache)
   bool cached = false;
+  std::string method; ///< "render" or "tokenize": how the replica was asked
 };
 
 /// The decoded batches of one poll in seq order, shared read-only between
@@ -46,4 +55,5 @@ struct topology_reload {
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmgw::batch_list)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmgw::tokenize_reply)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmgw::tokenize_request)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(llmgw::topology_reload)

@@ -375,6 +375,7 @@ route_decision router_core::decide(const route_query& q,
                                    std::chrono::steady_clock::time_point now) {
   route_decision d;
   d.prompt_blocks = q.tokenized ? static_cast<std::uint32_t>(q.keys.size()) : 0;
+  d.tokens_from = q.tokens_from;
   d.prompt_chunks = static_cast<std::uint32_t>(q.chunks.size());
   candidates_.clear();
   for (std::size_t i = 0; i < replicas_.size(); ++i)

@@ -65,8 +65,11 @@ const char* to_string(route_tier t) noexcept;
 
 /// What the router needs to know of a request.
 struct route_query {
-  std::string model;                 ///< the request's "model": a served model or LoRA adapter
-  bool tokenized = false;            ///< false: tokenization failed or was not tried
+  std::string model;      ///< the request's "model": a served model or LoRA adapter
+  bool tokenized = false; ///< false: tokenization failed or was not tried
+  /// Where the tokens came from: "request" (token ids given), "cache",
+  /// "render" or "tokenize" (asked of a replica), "" (none).
+  std::string tokens_from;
   std::vector<wire::block_key> keys; ///< the prompt's block keys (full blocks), if tokenized
   std::size_t prompt_tokens = 0;     ///< the prompt's tokens, if tokenized
   std::vector<std::uint64_t> chunks; ///< tier-1 chunk hashes of the prompt text
@@ -127,6 +130,7 @@ struct route_decision {
   double score = 0;          ///< the winner's score in its tier
   std::int32_t dp_rank = -1; ///< tier kv: the rank holding the prefix
   std::uint32_t prompt_blocks = 0;
+  std::string tokens_from; ///< route_query::tokens_from
   std::uint32_t prompt_chunks = 0;
   /// The prompt tokens the chosen rank should find cached by its engine's
   /// own events (speculative entries do not count), as vLLM counts them

@@ -139,6 +139,7 @@ std::string decision_json(const route_decision& d) {
   if (d.dp_rank >= 0)
     o["dp_rank"] = d.dp_rank;
   o["prompt_blocks"] = d.prompt_blocks;
+  o["tokens_from"] = d.tokens_from.empty() ? json::value(nullptr) : json::value(d.tokens_from);
   o["prompt_chunks"] = d.prompt_chunks;
   o["predicted_cached_tokens"] = d.predicted_cached_tokens;
   o["cost_ms"] = d.cost_ms;

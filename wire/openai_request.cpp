@@ -2,8 +2,10 @@
 
 #include <boost/json.hpp>
 
+#include <algorithm>
 #include <array>
 #include <fmt/format.h>
+#include <iterator>
 
 namespace llmgw::wire {
 
@@ -193,9 +195,67 @@ result<routing_request> parse_routing_request(std::string_view body,
       if (const auto* v = o.if_contains(key); v && !v->is_null())
         tok[key] = *v;
   }
-  if (!r.token_ids)
+  if (!r.token_ids) {
     r.tokenize_body = json::serialize(tok);
+    // What cannot change the prompt's tokens: sampling, streaming, output.
+    static constexpr std::string_view not_prompt[] = {"max_tokens",
+                                                      "max_completion_tokens",
+                                                      "temperature",
+                                                      "top_p",
+                                                      "top_k",
+                                                      "min_p",
+                                                      "n",
+                                                      "best_of",
+                                                      "stream",
+                                                      "stream_options",
+                                                      "stop",
+                                                      "stop_token_ids",
+                                                      "seed",
+                                                      "presence_penalty",
+                                                      "frequency_penalty",
+                                                      "repetition_penalty",
+                                                      "logprobs",
+                                                      "top_logprobs",
+                                                      "logit_bias",
+                                                      "user",
+                                                      "ignore_eos",
+                                                      "min_tokens",
+                                                      "echo",
+                                                      "skip_special_tokens",
+                                                      "spaces_between_special_tokens",
+                                                      "include_stop_str_in_output",
+                                                      "priority",
+                                                      "request_id"};
+    json::object render(&arena);
+    for (const auto& [k, v] : o)
+      if (std::find(std::begin(not_prompt), std::end(not_prompt), std::string_view(k))
+          == std::end(not_prompt))
+        render[k] = v;
+    r.render_body = json::serialize(render);
+  }
   return r;
+}
+
+const char* render_path(request_kind kind) noexcept {
+  return kind == request_kind::chat ? "/v1/chat/completions/render" : "/v1/completions/render";
+}
+
+result<std::vector<std::uint32_t>> parse_render_response(std::string_view body) {
+  boost::system::error_code ec;
+  auto doc = json::parse(body, ec);
+  if (ec)
+    return bad(errc::bad_type, "the render answer is not JSON: " + ec.message());
+  const json::value* first = &doc;
+  if (doc.is_array()) { // a completion's: one per prompt
+    if (doc.as_array().empty())
+      return bad(errc::bad_value, "the render answer is an empty list");
+    first = &doc.as_array()[0];
+  }
+  const auto* o = first->if_object();
+  const auto* ids = o ? o->if_contains("token_ids") : nullptr;
+  if (!ids || !ids->is_array())
+    return bad(errc::bad_value, "the render answer has no 'token_ids' array");
+  return tokens_of(ids->as_array(), "token_ids", request_limits{});
 }
 
 result<std::vector<std::uint32_t>> parse_tokenize_response(std::string_view body) {

@@ -12,6 +12,13 @@
 //                request carries: tools, chat_template, chat_template_kwargs,
 //                continue_final_message, documents}
 // Answer: {"count", "max_model_len", "tokens": [...], "token_strs"}.
+//
+// Render (vLLM's POST /v1/completions/render and /v1/chat/completions/render,
+// PR #32473; on `vllm serve` only with --enable-scale-out, else 404): the
+// whole request in, the engine's own token ids out, as it will see them
+// (every field that shapes the prompt, which /tokenize partly ignores).
+//   chat:       {"request_id", "token_ids": [...], "features", ...}
+//   completion: [{"request_id", "token_ids": [...], ...}, one per prompt]
 #pragma once
 
 #include "base/result.hpp"
@@ -37,6 +44,11 @@ struct routing_request {
   std::optional<std::vector<std::uint32_t>> token_ids;
   /// The /tokenize body that yields the engine's tokens (empty with token_ids).
   std::string tokenize_body;
+  /// The render body: the request without the fields that cannot change its
+  /// tokens (sampling, streaming, output), so that requests differing only
+  /// in those share one tokenization. Also the token cache's key. Empty
+  /// with token_ids.
+  std::string render_body;
   /// The prompt as text, for tier 1 (chat: roles and contents, delimited).
   std::string text;
 };
@@ -56,6 +68,12 @@ result<routing_request> parse_routing_request(std::string_view body,
 
 /// Reads a /tokenize answer's token ids.
 result<std::vector<std::uint32_t>> parse_tokenize_response(std::string_view body);
+
+/// Where a request of `kind` is rendered.
+const char* render_path(request_kind kind) noexcept;
+
+/// Reads a render answer's token ids (a completion's: its first prompt's).
+result<std::vector<std::uint32_t>> parse_render_response(std::string_view body);
 
 /// The prompt tokens an engine says it found cached, from the first
 /// `"cached_tokens": N` in an answer (vLLM's usage.prompt_tokens_details,

@@ -56,6 +56,8 @@ int run(int argc, char** argv) {
     ->capture_default_str();
   app.add_flag("--enable-prompt-tokens-details", o.prompt_tokens_details,
                "report usage.prompt_tokens_details.cached_tokens");
+  app.add_flag("--enable-scale-out", o.enable_scale_out,
+               "serve the render endpoints (/v1/completions/render, /v1/chat/completions/render)");
   auto& b = o.batch;
   app.add_option("--max-num-batched-tokens", b.max_num_batched_tokens, "tokens per step at most")
     ->check(CLI::Range(1, 10000000))

@@ -258,6 +258,28 @@ void api::tokenize_endpoint(http_request&& req, const http_responder& respond) {
                                        {"token_strs", nullptr}}));
 }
 
+void api::render_endpoint(http_request&& req, const http_responder& respond, bool chat) {
+  boost::system::error_code ec;
+  auto doc = json::parse(req.body, ec);
+  if (ec || !doc.is_object())
+    return respond(error_reply(400, "BadRequestError", "the body is not a JSON object"));
+  std::vector<std::uint32_t> tokens;
+  std::string error;
+  if (!prompt_tokens(doc.as_object(), chat, tokens, error))
+    return respond(error_reply(400, "BadRequestError", error));
+  json::array ids;
+  for (auto t : tokens)
+    ids.push_back(t);
+  const auto* model = doc.as_object().if_contains("model");
+  json::object out{{"request_id", fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", next_id_++)},
+                   {"token_ids", std::move(ids)},
+                   {"model", model ? *model : json::value(opts_.model)},
+                   {"features", nullptr}};
+  if (chat)
+    return respond(json_reply(200, std::move(out)));
+  respond(json_reply(200, json::array{std::move(out)})); // one per prompt; the first here
+}
+
 void api::handle(http_request&& req, const http_responder& respond) {
   auto path = req.target.substr(0, req.target.find('?'));
   if (!opts_.fail_file.empty() && ::access(opts_.fail_file.c_str(), F_OK) == 0) {
@@ -277,6 +299,10 @@ void api::handle(http_request&& req, const http_responder& respond) {
     return completion(std::move(req), respond, true);
   if (req.method == "POST" && path == "/tokenize")
     return tokenize_endpoint(std::move(req), respond);
+  if (opts_.enable_scale_out && req.method == "POST" && path == "/v1/completions/render")
+    return render_endpoint(std::move(req), respond, false);
+  if (opts_.enable_scale_out && req.method == "POST" && path == "/v1/chat/completions/render")
+    return render_endpoint(std::move(req), respond, true);
   if (req.method == "GET" && path == "/health")
     return respond(http_reply{200, "application/json", "", {}});
   if (req.method == "GET" && path == "/v1/models")

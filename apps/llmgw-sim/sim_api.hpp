@@ -1,7 +1,8 @@
 // llmgw-sim's HTTP API, in vLLM's shapes: POST /v1/completions and
 // /v1/chat/completions (streamed too, with usage; cached prompt tokens in
 // usage.prompt_tokens_details with --enable-prompt-tokens-details), POST
-// /tokenize, GET /v1/models, /health and /metrics, POST
+// /tokenize, with --enable-scale-out POST /v1/completions/render and
+// /v1/chat/completions/render, GET /v1/models, /health and /metrics, POST
 // /reset_prefix_cache. It parses a request into a sim_request, hands it to
 // the scheduler, and turns the tokens the scheduler emits into the answer.
 #pragma once
@@ -27,6 +28,7 @@ public:
 private:
   void completion(http_request&& req, const http_responder& respond, bool chat);
   void tokenize_endpoint(http_request&& req, const http_responder& respond);
+  void render_endpoint(http_request&& req, const http_responder& respond, bool chat);
   void models(const http_responder& respond) const;
   void metrics(const http_responder& respond) const;
 

@@ -34,6 +34,9 @@ struct engine_options {
   std::size_t dp_size = 1;
   batch_options batch; ///< continuous batching and step time (sim_batch.hpp)
   bool prompt_tokens_details = false;
+  /// vLLM's --enable-scale-out: serve POST /v1/completions/render and
+  /// /v1/chat/completions/render (else they are 404, as in vLLM).
+  bool enable_scale_out = false;
   std::size_t default_max_tokens = 16;
   /// While this file exists, answer as vLLM does once its engine core died
   /// (EngineDeadError): /health 503, generation 500. For fault tests.

@@ -419,6 +419,9 @@ struct capture_tokenizer {
                                            {}});
         if (req.method == "GET" && req.target == "/health") // the gateway's probe
           return respond(llmgw::http_reply{200, "application/json", "{}", {}});
+        if (req.target != "/tokenize") // vLLM without --enable-scale-out has no render
+          return respond(
+            llmgw::http_reply{404, "application/json", R"({"detail":"Not Found"})", {}});
         ++calls;
         auto body = json::parse(req.body).as_object();
         std::string text;

@@ -54,6 +54,7 @@ struct fake_engine {
   std::promise<void> release; ///< lets the second SSE event go
   std::shared_future<void> released = release.get_future().share();
   std::atomic<int> disconnects{0};
+  std::atomic<int> render_calls{0}; ///< not in `seen`
   std::vector<http_responder> held;
   std::string name;
   std::unique_ptr<http_server> server;
@@ -62,6 +63,11 @@ struct fake_engine {
     server = std::make_unique<http_server>(
       "127.0.0.1", 0, 2, http_server_limits{}, [this](http_request&& req, http_responder respond) {
         std::lock_guard<std::mutex> g(mtx);
+        if (req.target.size() > 7 && req.target.substr(req.target.size() - 7) == "/render") {
+          ++render_calls; // vLLM without --enable-scale-out: not found
+          respond(http_reply{404, "application/json", R"({"detail":"Not Found"})", {}});
+          return;
+        }
         seen.push_back(req);
         respond.on_disconnect([this] { ++disconnects; });
         if (req.target == "/tokenize") { // vLLM's shape; every prompt is 1..9

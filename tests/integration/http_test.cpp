@@ -248,15 +248,26 @@ struct actor_config : caf::actor_system_config {
   }
 };
 
-/// A stand-in engine's /tokenize: one token per character, counting calls.
+/// A stand-in engine's /tokenize: one token per character, counting calls;
+/// with `render`, its /v1/completions/render too (a token per character
+/// plus 1000, so the test sees which answered), else a 404 there as vLLM
+/// gives without --enable-scale-out.
 struct fake_tokenize {
   std::atomic<int> calls{0};
+  std::atomic<int> render_calls{0};
   std::atomic<bool> broken{false};
+  std::atomic<bool> render{false};
   std::unique_ptr<http_server> server;
   fake_tokenize() {
     server = std::make_unique<http_server>(
       "127.0.0.1", 0, 1, http_server_limits{}, [this](http_request&& req, http_responder respond) {
         ++calls;
+        bool rendering = req.target == "/v1/completions/render";
+        render_calls += rendering;
+        if (rendering && !render) {
+          respond(http_reply{404, "application/json", R"({"detail":"Not Found"})", {}});
+          return;
+        }
         if (broken) {
           respond(http_reply{500, "text/plain", "engine on fire", {}});
           return;
@@ -264,8 +275,16 @@ struct fake_tokenize {
         auto body = boost::json::parse(req.body).as_object();
         boost::json::array tokens;
         for (char c : std::string(body.at("prompt").as_string()))
-          tokens.push_back(static_cast<unsigned char>(c));
+          tokens.push_back(static_cast<unsigned char>(c) + (rendering ? 1000 : 0));
         boost::json::object out;
+        if (rendering) {
+          out["request_id"] = "cmpl-1";
+          out["token_ids"] = std::move(tokens);
+          out["features"] = nullptr;
+          respond(http_reply{
+            200, "application/json", boost::json::serialize(boost::json::array{out}), {}});
+          return;
+        }
         out["count"] = tokens.size();
         out["tokens"] = std::move(tokens);
         respond(http_reply{200, "application/json", boost::json::serialize(out), {}});
@@ -291,11 +310,16 @@ config::topology two_engines(const std::string& url0, const std::string& url1) {
   return t;
 }
 
-tokenize_reply ask(caf::actor_system& sys, const tokenizer_actor& tok, const std::string& prompt) {
+/// Tokenizes `prompt` through `tok`; with `render`, its render endpoint is
+/// tried first, as the gateway asks.
+tokenize_reply ask(caf::actor_system& sys, const tokenizer_actor& tok, const std::string& prompt,
+                   bool render = false) {
   caf::scoped_actor self{sys};
   tokenize_reply out;
   auto body = R"({"model":"m","prompt":")" + prompt + R"(","add_special_tokens":true})";
-  self->request(tok, 10s, tokenize_atom::value, std::string("m"), body)
+  tokenize_request req{"m", body, render ? "/v1/completions/render" : "",
+                       R"({"model":"m","prompt":")" + prompt + R"("})"};
+  self->request(tok, 10s, tokenize_atom::value, std::move(req))
     .receive([&](tokenize_reply& r) { out = std::move(r); },
              [&](const caf::error& e) { out.error = sys.render(e); });
   return out;
@@ -325,6 +349,37 @@ TEST(tokenizer, asks_engines_in_turn_and_caches_answers) {
   ask(sys, tok, "z"); // capacity 2: "abc" is out by now
   EXPECT_FALSE(ask(sys, tok, "abc").cached);
   caf::anon_send_exit(tok, caf::exit_reason::user_shutdown);
+}
+
+TEST(tokenizer, renders_where_the_engine_can_and_asks_tokenize_where_it_cannot) {
+  fake_tokenize a;
+  a.render = true;
+  actor_config cfg;
+  caf::actor_system sys{cfg};
+  auto topo = two_engines(a.url(), a.url());
+  topo.nodes[0].engines.pop_back();
+  auto tok = sys.spawn(tokenizer, topo, token_cache_of(topo));
+  auto r = ask(sys, tok, "ab", true);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_EQ(r.method, "render");
+  EXPECT_EQ(r.tokens, (std::vector<std::uint32_t>{1000 + 'a', 1000 + 'b'}));
+  EXPECT_EQ(a.render_calls.load(), 1);
+
+  fake_tokenize old; // vLLM without --enable-scale-out: 404 on render
+  auto topo2 = two_engines(old.url(), old.url());
+  topo2.nodes[0].engines.pop_back();
+  auto tok2 = sys.spawn(tokenizer, topo2, token_cache_of(topo2));
+  r = ask(sys, tok2, "ab", true);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_EQ(r.method, "tokenize") << "this request too, without a failure";
+  EXPECT_EQ(r.tokens, (std::vector<std::uint32_t>{'a', 'b'}));
+  EXPECT_EQ(old.calls.load(), 2);
+  r = ask(sys, tok2, "cd", true);
+  EXPECT_EQ(r.method, "tokenize");
+  EXPECT_EQ(old.render_calls.load(), 1) << "a replica without render is not asked again";
+  EXPECT_EQ(old.calls.load(), 3);
+  caf::anon_send_exit(tok, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(tok2, caf::exit_reason::user_shutdown);
 }
 
 TEST(tokenizer, a_failing_engine_is_skipped_for_a_while) {

@@ -132,6 +132,8 @@ struct local_cluster {
       auto events = test::free_port();
       text.replace(at, end - at, "events = \"tcp://127.0.0.1:" + std::to_string(events) + "\"\n");
       argv.at(0) = LLMGW_SIM;
+      // vLLM's default has no render endpoints.
+      argv.erase(std::remove(argv.begin(), argv.end(), "--enable-scale-out"), argv.end());
       json::object cfg{{"enable_kv_cache_events", true},
                        {"publisher", "zmq"},
                        {"endpoint", "tcp://*:" + std::to_string(events)}};
@@ -202,6 +204,11 @@ TEST(local_cluster, routes_exactly_streams_in_order_and_survives_a_killed_engine
   // A long prompt, twice: the second time on the same replica, by tier 2,
   // and the engine reports the prefix as cached.
   json::object body{{"model", "llmgw-demo"}, {"prompt", long_prompt("tides")}, {"max_tokens", 4}};
+  // The sample's engines have render endpoints (--enable-scale-out): a
+  // prompt not seen before is tokenized by the engine's render.
+  auto dry = post(http, c.gateway, "/v1/route", body);
+  ASSERT_EQ(dry.status, 200) << dry.body;
+  EXPECT_EQ(json::parse(dry.body).at("tokens_from"), "render") << dry.body;
   auto first = post(http, c.gateway, "/v1/completions", body);
   ASSERT_EQ(first.status, 200) << first.body;
   auto replica = first.headers["x-llmgw-replica"];
@@ -281,6 +288,12 @@ TEST(local_cluster, engines_at_vllms_defaults_are_routed_by_their_kv_events) {
   json::object body{
     {"model", "llmgw-demo"}, {"prompt", long_prompt("glaciers")}, {"max_tokens", 4}};
   auto first = post(http, c.gateway, "/v1/completions", body);
+  // Without --enable-scale-out vLLM has no render endpoint (404): the
+  // engine's /tokenize is asked instead.
+  json::object fresh{{"model", "llmgw-demo"}, {"prompt", long_prompt("dunes")}};
+  auto dry = post(http, c.gateway, "/v1/route", fresh);
+  ASSERT_EQ(dry.status, 200) << dry.body;
+  EXPECT_EQ(json::parse(dry.body).at("tokens_from"), "tokenize") << dry.body;
   ASSERT_EQ(first.status, 200) << first.body;
   auto replica = first.headers["x-llmgw-replica"];
   // The router enters a routed prompt's blocks speculatively at once; what

@@ -138,6 +138,43 @@ TEST(openai_request, tokenize_answers) {
   EXPECT_FALSE(parse_tokenize_response("<html>"));
 }
 
+TEST(openai_request, the_render_body_keeps_what_shapes_the_prompt_and_only_that) {
+  auto a = parse_routing_request(
+    R"({"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"stream":true,)"
+    R"("stream_options":{"include_usage":true},"temperature":0.3,"cache_salt":"s",)"
+    R"("chat_template_kwargs":{"enable_thinking":false},"mm_processor_kwargs":{"x":1}})",
+    request_kind::chat);
+  ASSERT_TRUE(a) << a.err().message;
+  auto body = json::parse(a->render_body).as_object();
+  for (const char* kept :
+       {"model", "messages", "cache_salt", "chat_template_kwargs", "mm_processor_kwargs"})
+    EXPECT_TRUE(body.contains(kept)) << kept;
+  for (const char* dropped : {"max_tokens", "stream", "stream_options", "temperature"})
+    EXPECT_FALSE(body.contains(dropped)) << dropped;
+  auto b = parse_routing_request(
+    R"({"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":99,)"
+    R"("cache_salt":"s","chat_template_kwargs":{"enable_thinking":false},"mm_processor_kwargs":{"x":1}})",
+    request_kind::chat);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(a->render_body, b->render_body) << "one tokenization for both: the token cache's key";
+  EXPECT_STREQ(render_path(request_kind::chat), "/v1/chat/completions/render");
+  EXPECT_STREQ(render_path(request_kind::completion), "/v1/completions/render");
+}
+
+TEST(openai_request, render_answers) {
+  auto chat =
+    parse_render_response(R"({"request_id":"chatcmpl-1","token_ids":[1,2,3],"features":null})");
+  ASSERT_TRUE(chat);
+  EXPECT_EQ(*chat, (std::vector<std::uint32_t>{1, 2, 3}));
+  auto completion = parse_render_response(R"([{"token_ids":[4,5]},{"token_ids":[6]}])");
+  ASSERT_TRUE(completion);
+  EXPECT_EQ(*completion, (std::vector<std::uint32_t>{4, 5})) << "the first prompt's";
+  EXPECT_FALSE(parse_render_response("[]"));
+  EXPECT_FALSE(parse_render_response(R"({"tokens":[1]})"));
+  EXPECT_FALSE(parse_render_response(R"({"token_ids":[-1]})"));
+  EXPECT_FALSE(parse_render_response("not json"));
+}
+
 TEST(openai_request, errors_are_openai_shaped) {
   auto e = json::parse(openai_error_json("no replica serves model 'x'", "NotFoundError", 404));
   EXPECT_EQ(e.at("error").at("message"), "no replica serves model 'x'");
