@@ -56,7 +56,7 @@ void up_cluster::stop() {
   attached.clear();
 }
 
-pid_t spawn(const std::vector<std::string>& argv, const std::string& log) {
+pid_t spawn(const std::vector<std::string>& argv, const std::string& log, bool unset_hash_seed) {
   std::vector<char*> args;
   for (const auto& a : argv)
     args.push_back(const_cast<char*>(a.c_str()));
@@ -73,7 +73,8 @@ pid_t spawn(const std::vector<std::string>& argv, const std::string& log) {
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent)
       ::_exit(127);
-    ::unsetenv("PYTHONHASHSEED");
+    if (unset_hash_seed)
+      ::unsetenv("PYTHONHASHSEED");
     ::execv(args[0], args.data());
     ::_exit(127);
   }
@@ -93,23 +94,9 @@ bool start_up(const std::string& topology, up_cluster& c, std::string& error) {
   auto config = c.dir + "/cluster.toml";
   auto out = c.dir + "/up.out";
   auto llmgw = fs::path(exe_dir()).parent_path() / "apps" / "llmgw";
-  pid_t parent = ::getpid();
-  c.pid = ::fork();
-  if (c.pid == 0) {
-    int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) {
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      ::close(fd);
-    }
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (::getppid() != parent)
-      ::_exit(127);
-    auto logs = c.dir + "/logs";
-    ::execl(llmgw.c_str(), "llmgw", "up", "--config", config.c_str(), "--logs", logs.c_str(),
-            "--ready-timeout", "120", static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
+  c.pid = spawn(
+    {llmgw.string(), "up", "--config", config, "--logs", c.dir + "/logs", "--ready-timeout", "120"},
+    out);
   auto deadline = clock_type::now() + 150s;
   while (clock_type::now() < deadline) {
     std::ifstream in(out);

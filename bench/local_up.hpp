@@ -16,10 +16,11 @@ std::uint16_t free_port();
 /// The folder of this executable (build-release/bench).
 std::string exe_dir();
 
-/// Starts `argv` (argv[0] a path) with its output into `log`, PYTHONHASHSEED
-/// unset (as an operator's vLLM runs by default), ending with this
-/// process; its pid, 0 if it could not start.
-pid_t spawn(const std::vector<std::string>& argv, const std::string& log);
+/// Starts `argv` (argv[0] a path) with its output into `log`, ending with
+/// this process (and with PYTHONHASHSEED unset if asked: as an operator's
+/// vLLM runs by default); its pid, 0 if it could not start.
+pid_t spawn(const std::vector<std::string>& argv, const std::string& log,
+            bool unset_hash_seed = false);
 
 /// Stops `pid` (SIGTERM, then SIGKILL after 20 s) and reaps it.
 void stop_process(pid_t pid);

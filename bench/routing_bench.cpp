@@ -262,7 +262,7 @@ bool start_cluster(const scenario& sc, policy p, const engine_rates& rates, bool
                         fmt::format("{{\"enable_kv_cache_events\": true, \"publisher\": "
                                     "\"zmq\", \"endpoint\": \"tcp://*:{}\"}}",
                                     events_port)},
-                       fmt::format("/tmp/llmgw-bench-sim-{}.log", port));
+                       fmt::format("/tmp/llmgw-bench-sim-{}.log", port), true);
       if (pid == 0) {
         error = "cannot start " + sim;
         return false;

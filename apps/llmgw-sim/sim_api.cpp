@@ -240,15 +240,34 @@ void api::completion(http_request&& req, const http_responder& respond, bool cha
   sched_.submit(std::move(r));
 }
 
-void api::tokenize_endpoint(http_request&& req, const http_responder& respond) {
+namespace {
+
+/// The body of `req` and its prompt's tokens (chat: when it has messages,
+/// if `chat` is unset); nullopt after answering 400 with why.
+std::optional<json::object> prompt_of(const http_request& req, std::optional<bool> chat,
+                                      std::vector<std::uint32_t>& tokens,
+                                      const http_responder& respond) {
   boost::system::error_code ec;
   auto doc = json::parse(req.body, ec);
-  if (ec || !doc.is_object())
-    return respond(error_reply(400, "BadRequestError", "the body is not a JSON object"));
-  std::vector<std::uint32_t> tokens;
+  if (ec || !doc.is_object()) {
+    respond(error_reply(400, "BadRequestError", "the body is not a JSON object"));
+    return std::nullopt;
+  }
   std::string error;
-  if (!prompt_tokens(doc.as_object(), doc.as_object().contains("messages"), tokens, error))
-    return respond(error_reply(400, "BadRequestError", error));
+  if (!prompt_tokens(doc.as_object(), chat.value_or(doc.as_object().contains("messages")), tokens,
+                     error)) {
+    respond(error_reply(400, "BadRequestError", error));
+    return std::nullopt;
+  }
+  return std::move(doc.as_object());
+}
+
+} // namespace
+
+void api::tokenize_endpoint(http_request&& req, const http_responder& respond) {
+  std::vector<std::uint32_t> tokens;
+  if (!prompt_of(req, std::nullopt, tokens, respond))
+    return;
   json::array ts;
   for (auto t : tokens)
     ts.push_back(t);
@@ -259,18 +278,14 @@ void api::tokenize_endpoint(http_request&& req, const http_responder& respond) {
 }
 
 void api::render_endpoint(http_request&& req, const http_responder& respond, bool chat) {
-  boost::system::error_code ec;
-  auto doc = json::parse(req.body, ec);
-  if (ec || !doc.is_object())
-    return respond(error_reply(400, "BadRequestError", "the body is not a JSON object"));
   std::vector<std::uint32_t> tokens;
-  std::string error;
-  if (!prompt_tokens(doc.as_object(), chat, tokens, error))
-    return respond(error_reply(400, "BadRequestError", error));
+  auto body = prompt_of(req, chat, tokens, respond);
+  if (!body)
+    return;
   json::array ids;
   for (auto t : tokens)
     ids.push_back(t);
-  const auto* model = doc.as_object().if_contains("model");
+  const auto* model = body->if_contains("model");
   json::object out{{"request_id", fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", next_id_++)},
                    {"token_ids", std::move(ids)},
                    {"model", model ? *model : json::value(opts_.model)},

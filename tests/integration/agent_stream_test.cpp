@@ -67,16 +67,34 @@ struct sys_config : caf::actor_system_config {
   }
 };
 
-/// Publisher side: XPUB, connects, waits for the subscription.
+/// Publisher side, as vLLM's: XPUB (so a test can wait for the
+/// subscription instead of sleeping). It connects to the agent (an
+/// endpoint naming a host, in vLLM's config), or binds (`tcp://*:PORT`,
+/// vLLM's default; here on loopback) and the agent connects.
 class publisher {
 public:
+  /// Connects to `endpoint` and waits for the subscription.
   explicit publisher(const std::string& endpoint) : socket_(ctx_, zmq::socket_type::xpub) {
-    socket_.set(zmq::sockopt::linger, 2000);
-    socket_.set(zmq::sockopt::sndhwm, 0);
-    socket_.set(zmq::sockopt::rcvtimeo, 10000);
+    setup();
     socket_.connect(endpoint);
+    endpoint_ = endpoint;
+    EXPECT_TRUE(subscribed()) << "no subscription arrived";
+  }
+  struct bind_at {
+    std::string endpoint = "tcp://127.0.0.1:*";
+  };
+  /// Binds (throws zmq::error_t if the port is taken); subscribed() waits.
+  explicit publisher(const bind_at& at) : socket_(ctx_, zmq::socket_type::xpub) {
+    setup();
+    socket_.bind(at.endpoint);
+    endpoint_ = socket_.get(zmq::sockopt::last_endpoint);
+  }
+  const std::string& endpoint() const { return endpoint_; }
+  int port() const { return std::stoi(endpoint_.substr(endpoint_.rfind(':') + 1)); }
+  /// Waits (bounded) for the subscriber's subscription.
+  bool subscribed() {
     zmq::message_t sub;
-    EXPECT_TRUE(socket_.recv(sub)) << "no subscription arrived";
+    return static_cast<bool>(socket_.recv(sub));
   }
   void send(const frame& f, std::uint64_t seq) {
     auto s = wire::encode_seq(seq);
@@ -86,8 +104,14 @@ public:
   }
 
 private:
+  void setup() {
+    socket_.set(zmq::sockopt::linger, 2000);
+    socket_.set(zmq::sockopt::sndhwm, 0);
+    socket_.set(zmq::sockopt::rcvtimeo, 10000);
+  }
   zmq::context_t ctx_;
   zmq::socket_t socket_;
+  std::string endpoint_;
 };
 
 /// A subscriber and mirror in a real actor system.
@@ -393,38 +417,6 @@ TEST(agent_node, data_parallel_ranks_have_their_own_ports_and_mirrors) {
 
 namespace {
 
-/// vLLM's publisher at its default endpoint (tcp://*:PORT): it binds, and
-/// the agent connects. Here on loopback, at a given port or a chosen one.
-class bound_publisher {
-public:
-  explicit bound_publisher(const std::string& at = "tcp://127.0.0.1:*")
-    : socket_(ctx_, zmq::socket_type::xpub) {
-    socket_.set(zmq::sockopt::linger, 2000);
-    socket_.set(zmq::sockopt::sndhwm, 0);
-    socket_.set(zmq::sockopt::rcvtimeo, 10000);
-    socket_.bind(at); // throws if the port is taken
-    endpoint_ = socket_.get(zmq::sockopt::last_endpoint);
-  }
-  const std::string& endpoint() const { return endpoint_; }
-  int port() const { return std::stoi(endpoint_.substr(endpoint_.rfind(':') + 1)); }
-  /// Waits (bounded) for the agent's subscription.
-  bool subscribed() {
-    zmq::message_t sub;
-    return static_cast<bool>(socket_.recv(sub));
-  }
-  void send(const frame& f, std::uint64_t seq) {
-    auto s = wire::encode_seq(seq);
-    std::array<zmq::const_buffer, 3> parts = {zmq::buffer(f.topic), zmq::buffer(s),
-                                              zmq::buffer(f.payload)};
-    zmq::send_multipart(socket_, parts);
-  }
-
-private:
-  zmq::context_t ctx_;
-  zmq::socket_t socket_;
-  std::string endpoint_;
-};
-
 std::string loopback(int port) {
   return "tcp://127.0.0.1:" + std::to_string(port);
 }
@@ -456,12 +448,12 @@ TEST(agent_node, subscribes_where_engines_bind_and_keys_their_blocks_the_cluster
 
   // Two ranks' publishers and replay services on consecutive ports, as
   // vLLM offsets both endpoints by the rank.
-  std::unique_ptr<bound_publisher> p0, p1;
+  std::unique_ptr<publisher> p0, p1;
   std::unique_ptr<llmgw::test::replay_service<frame>> r0, r1;
   for (int attempt = 0; attempt < 20 && !r1; ++attempt) {
     try {
-      p0 = std::make_unique<bound_publisher>();
-      p1 = std::make_unique<bound_publisher>(loopback(p0->port() + 1));
+      p0 = std::make_unique<publisher>(publisher::bind_at{});
+      p1 = std::make_unique<publisher>(publisher::bind_at{loopback(p0->port() + 1)});
       r0 = std::make_unique<llmgw::test::replay_service<frame>>(rank0.frames);
       auto at = r0->endpoint();
       r1 = std::make_unique<llmgw::test::replay_service<frame>>(
@@ -513,7 +505,7 @@ TEST(agent_node, subscribes_where_engines_bind_and_keys_their_blocks_the_cluster
   // The engine restarts: its publisher comes back on the same port with
   // seq from 0 and an empty cache; the agent reconnects by itself.
   p0.reset();
-  p0 = std::make_unique<bound_publisher>(loopback(events_port));
+  p0 = std::make_unique<publisher>(publisher::bind_at{loopback(events_port)});
   ASSERT_TRUE(p0->subscribed()) << "the agent reconnected";
   for (std::size_t i = 0; i < 2; ++i)
     p0->send(rank0.frames[i], i);
