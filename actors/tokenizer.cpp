@@ -55,12 +55,23 @@ void use_replicas_of(tokenizer_state& st, const config::topology& topo) {
   st.replicas = std::move(fresh);
 }
 
+/// Whether a render call's answer says the engine has no such route: a
+/// web framework's 404 or 405 ({"detail": "Not Found"}, as vLLM's FastAPI
+/// answers a route it lacks), not vLLM's own error for this request
+/// ({"error": {...}}: an unknown model, say), nor any other failure.
+bool no_such_route(const http_response& resp) {
+  if (resp.status != 404 && resp.status != 405)
+    return false;
+  return resp.body.find("\"error\"") == std::string::npos;
+}
+
 /// Asks `replica` for the tokens of pending request `id`: its render
-/// endpoint unless it has none, else /tokenize.
-void ask(self_ptr self, std::uint64_t id, const tokenizer_state::replica& replica) {
+/// endpoint unless it has none (or `tokenize`), else /tokenize.
+void ask(self_ptr self, std::uint64_t id, const tokenizer_state::replica& replica,
+         bool tokenize = false) {
   auto& st = self->state;
   const auto& req = st.pending.at(id).request;
-  bool render = !replica.no_render && !req.render_path.empty();
+  bool render = !tokenize && !replica.no_render && !req.render_path.empty();
   auto start = st.pending.at(id).start;
   // A weak address: the callbacks live in the HTTP client, which the
   // actor's own state owns; a strong handle there would keep the actor
@@ -89,11 +100,15 @@ void ask(self_ptr self, std::uint64_t id, const tokenizer_state::replica& replic
       } else if (resp.status != 0) {
         r.error = fmt::format("{} answered {}: {}", render ? "render" : "/tokenize", resp.status,
                               resp.body.substr(0, 200));
-        // No such endpoint: this engine is asked /tokenize instead.
-        if (render && (resp.status == 404 || resp.status == 405 || resp.status == 501))
-          r.method = "no render";
+        // No such route: this engine is asked /tokenize from now on. Any
+        // other failure of render (a request it refuses, say beam search):
+        // this request is asked /tokenize.
+        if (render)
+          r.method = no_such_route(resp) ? "no render" : "render failed";
       } else {
         r.error = resp.error;
+        if (render)
+          r.method = "render failed";
       }
       if (auto handle = caf::actor_cast<tokenizer_actor>(me))
         caf::anon_send(handle, tokenized_atom::value, id, std::move(r));
@@ -138,9 +153,9 @@ tokenizer_actor::behavior_type tokenizer(tokenizer_actor::stateful_pointer<token
       auto it = st.pending.find(id);
       if (it == st.pending.end())
         return;
-      if (r.method == "no render") {
+      if (r.method == "no render" || r.method == "render failed") {
         for (auto& rep : st.replicas)
-          if (rep.name == r.replica && !rep.no_render) {
+          if (rep.name == r.replica && !rep.no_render && r.method == "no render") {
             rep.no_render = true;
             LLMGW_LOG(info, "tokenizer",
                       "replica {} has no render endpoint ({}): asking its /tokenize, which "
@@ -149,7 +164,7 @@ tokenizer_actor::behavior_type tokenizer(tokenizer_actor::stateful_pointer<token
           }
         for (const auto& rep : st.replicas)
           if (rep.name == r.replica)
-            return ask(self, id, rep); // the same request, by /tokenize
+            return ask(self, id, rep, true); // the same request, by /tokenize
       }
       auto w = std::move(it->second);
       st.pending.erase(it);

@@ -226,11 +226,17 @@ result<routing_request> parse_routing_request(std::string_view body,
                                                       "include_stop_str_in_output",
                                                       "priority",
                                                       "request_id"};
+    // Except that vLLM truncates a prompt to max_model_len - max_tokens
+    // when truncate_prompt_tokens is -1: then the output's length shapes it.
+    bool truncates = o.contains("truncate_prompt_tokens");
     json::object render(&arena);
-    for (const auto& [k, v] : o)
-      if (std::find(std::begin(not_prompt), std::end(not_prompt), std::string_view(k))
-          == std::end(not_prompt))
+    for (const auto& [k, v] : o) {
+      std::string_view key(k);
+      bool output_length = key == "max_tokens" || key == "max_completion_tokens";
+      if ((truncates && output_length)
+          || std::find(std::begin(not_prompt), std::end(not_prompt), key) == std::end(not_prompt))
         render[k] = v;
+    }
     r.render_body = json::serialize(render);
   }
   return r;

@@ -303,7 +303,8 @@ void api::handle(http_request&& req, const http_responder& respond) {
     if (req.method == "GET" && path == "/health")
       return respond(http_reply{503, "application/json", "", {}});
     if (req.method == "POST"
-        && (path == "/v1/completions" || path == "/v1/chat/completions" || path == "/tokenize"))
+        && (path == "/v1/completions" || path == "/v1/chat/completions" || path == "/tokenize"
+            || path == "/v1/completions/render" || path == "/v1/chat/completions/render"))
       return respond(error_reply(500, "EngineDeadError",
                                  "EngineCore encountered an issue. See stack trace (above) for "
                                  "the root cause."));
@@ -330,7 +331,8 @@ void api::handle(http_request&& req, const http_responder& respond) {
                   : error_reply(409, "ConflictError",
                                 "requests are running: the prefix cache was not reset"));
     });
-  respond(error_reply(404, "NotFoundError", "no such endpoint: " + req.method + " " + path));
+  // As vLLM's FastAPI answers a route it does not have.
+  respond(http_reply{404, "application/json", R"({"detail":"Not Found"})", {}});
 }
 
 void api::models(const http_responder& respond) const {

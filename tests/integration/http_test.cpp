@@ -257,6 +257,7 @@ struct fake_tokenize {
   std::atomic<int> render_calls{0};
   std::atomic<bool> broken{false};
   std::atomic<bool> render{false};
+  std::atomic<int> render_refuses{0}; ///< render answers this status, vLLM's error shape
   std::unique_ptr<http_server> server;
   fake_tokenize() {
     server = std::make_unique<http_server>(
@@ -266,6 +267,13 @@ struct fake_tokenize {
         render_calls += rendering;
         if (rendering && !render) {
           respond(http_reply{404, "application/json", R"({"detail":"Not Found"})", {}});
+          return;
+        }
+        if (rendering && render_refuses != 0) {
+          respond(http_reply{render_refuses.load(),
+                             "application/json",
+                             R"({"error":{"message":"no","type":"BadRequestError"}})",
+                             {}});
           return;
         }
         if (broken) {
@@ -378,6 +386,22 @@ TEST(tokenizer, renders_where_the_engine_can_and_asks_tokenize_where_it_cannot) 
   EXPECT_EQ(r.method, "tokenize");
   EXPECT_EQ(old.render_calls.load(), 1) << "a replica without render is not asked again";
   EXPECT_EQ(old.calls.load(), 3);
+
+  // vLLM refusing one request's render (an unknown model's 404, beam
+  // search's 400) is about that request: it is asked /tokenize, and the
+  // replica's render is asked again for the next one.
+  for (int status : {404, 400, 500}) {
+    a.render_refuses = status;
+    auto before = a.render_calls.load();
+    r = ask(sys, tok, "x" + std::to_string(status), true);
+    ASSERT_TRUE(r.ok) << status << ": " << r.error;
+    EXPECT_EQ(r.method, "tokenize") << status;
+    a.render_refuses = 0;
+    r = ask(sys, tok, "y" + std::to_string(status), true);
+    ASSERT_TRUE(r.ok) << r.error;
+    EXPECT_EQ(r.method, "render") << "after a " << status << ", render is still used";
+    EXPECT_EQ(a.render_calls.load(), before + 2);
+  }
   caf::anon_send_exit(tok, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(tok2, caf::exit_reason::user_shutdown);
 }

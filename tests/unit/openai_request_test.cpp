@@ -157,6 +157,13 @@ TEST(openai_request, the_render_body_keeps_what_shapes_the_prompt_and_only_that)
     request_kind::chat);
   ASSERT_TRUE(b);
   EXPECT_EQ(a->render_body, b->render_body) << "one tokenization for both: the token cache's key";
+  // vLLM truncates to max_model_len - max_tokens with truncate_prompt_tokens
+  // = -1: then the output's length shapes the prompt and stays.
+  auto t = parse_routing_request(
+    R"({"model":"m","prompt":"hi","max_tokens":7,"truncate_prompt_tokens":-1})",
+    request_kind::completion);
+  ASSERT_TRUE(t);
+  EXPECT_TRUE(json::parse(t->render_body).as_object().contains("max_tokens"));
   EXPECT_STREQ(render_path(request_kind::chat), "/v1/chat/completions/render");
   EXPECT_STREQ(render_path(request_kind::completion), "/v1/completions/render");
 }
