@@ -228,6 +228,16 @@ std::size_t block_table::pending_size(peer_id peer) const {
   return it == peers_.end() ? 0 : it->second.changed.size();
 }
 
+namespace {
+
+/// Whether `published` (a whole digest, or its routing key) is `d`.
+bool matches(const wire::digest& d, const wire::block_hash& published) {
+  return published.digest_size == 32 ? std::equal(d.begin(), d.end(), published.digest.begin())
+                                     : wire::key_of(d) == published.key;
+}
+
+} // namespace
+
 void block_table::flag(parity_state state, std::string message, apply_counts& counts) {
   if (!routable(parity_))
     return; // the first problem says it; later ones add nothing
@@ -269,6 +279,12 @@ void block_table::translate_stored(const wire::kv_event& ev, medium where, apply
     keys_.emplace_back(wire::key_of(it->second.cluster), true);
     return &it->second;
   };
+  // Blocks that cannot be hashed here: keys seen before, or fallback().
+  auto resolve_unhashed = [&] {
+    for (std::size_t i = 0; i < n; ++i)
+      if (!known(i))
+        fallback(ev.block_hashes[i].key, counts);
+  };
   if (where != medium::gpu || ev.token_ids.empty()) {
     // Offloading tiers publish placeholders without tokens: only blocks
     // seen on the GPU can be keyed. A GPU store without tokens is an engine
@@ -280,9 +296,7 @@ void block_table::translate_stored(const wire::kv_event& ev, medium where, apply
            "the engine publishes stored GPU blocks without token ids: its blocks cannot be keyed "
            "by the cluster's hash",
            counts);
-    for (std::size_t i = 0; i < n; ++i)
-      if (!known(i))
-        fallback(ev.block_hashes[i].key, counts);
+    resolve_unhashed();
     return;
   }
   const auto bs = hasher_->block_size();
@@ -293,9 +307,7 @@ void block_table::translate_stored(const wire::kv_event& ev, medium where, apply
   bool other_group = ev.group_idx.value_or(0) != 0
                      || (ev.kv_cache_spec_kind && *ev.kv_cache_spec_kind != "full_attention");
   if (ev.block_size == bs && other_group && ev.token_ids.size() != n * bs) {
-    for (std::size_t i = 0; i < n; ++i)
-      if (!known(i))
-        fallback(ev.block_hashes[i].key, counts);
+    resolve_unhashed();
     return;
   }
   if (ev.block_size != bs || ev.token_ids.size() != n * bs
@@ -312,9 +324,7 @@ void block_table::translate_stored(const wire::kv_event& ev, medium where, apply
            fmt::format("a stored event of {} blocks carries {} token ids and {} extra keys", n,
                        ev.token_ids.size(), ev.extra_keys ? ev.extra_keys->size() : 0),
            counts);
-    for (std::size_t i = 0; i < n; ++i)
-      if (!known(i))
-        fallback(ev.block_hashes[i].key, counts);
+    resolve_unhashed();
     return;
   }
   // The parent's cluster digest: the chain's root, a block held here, or
@@ -351,9 +361,7 @@ void block_table::translate_stored(const wire::kv_event& ev, medium where, apply
     }
     const auto& extra = ev.extra_keys ? (*ev.extra_keys)[i] : lora_only;
     auto d = hasher_->hash_one(parent, ev.token_ids.data() + i * bs, bs, extra);
-    bool same = published.digest_size == 32
-                  ? std::equal(d.begin(), d.end(), published.digest.begin())
-                  : wire::key_of(d) == published.key;
+    bool same = matches(d, published);
     if (same) {
       ++counts.verified;
       if (parity_ == parity_state::unknown)
@@ -453,9 +461,7 @@ void block_table::check_parity(const wire::kv_event& ev, apply_counts& counts) {
   for (std::size_t i = 0; i < n; ++i) {
     auto d = hasher_->hash_one(parent, ev.token_ids.data() + i * bs, bs, (*ev.extra_keys)[i]);
     const auto& published = ev.block_hashes[i];
-    bool same = published.digest_size == 32
-                  ? std::equal(d.begin(), d.end(), published.digest.begin())
-                  : wire::key_of(d) == published.key;
+    bool same = matches(d, published);
     if (!same) {
       flag_mismatch(fmt::format(
         "block {} of a stored run hashes to {} here but the engine published {}: start the "

@@ -366,6 +366,12 @@ INSTANTIATE_TEST_SUITE_P(vllm_captures, block_table_capture,
 // captured requests' prompts with seed "1" are what the table must hold.
 namespace {
 
+/// The capture's first batch, decoded.
+result<event_batch> first_batch(const json::value& doc) {
+  return decode_batch(
+    llmgw::test::from_hex(json::value_to<std::string>(doc.at("frames").at(0).at("payload_hex"))));
+}
+
 /// Held keys, a copy on the GPU and one on the CPU counted once.
 std::size_t distinct_keys(const block_table& t) {
   std::set<block_key> keys;
@@ -465,8 +471,7 @@ TEST(block_table_translation, a_match_chained_from_an_engines_digest_proves_no_s
 
 TEST(block_table_translation, blocks_kept_on_a_belief_the_engine_hashes_our_way_go_when_it_fails) {
   auto doc = llmgw::test::read_json(llmgw::test::capture_path("S1_basic.map.int.json"));
-  auto first = decode_batch(
-    llmgw::test::from_hex(json::value_to<std::string>(doc.at("frames").at(0).at("payload_hex"))));
+  auto first = first_batch(doc);
   ASSERT_TRUE(first);
   block_table table(translating("0"));
   table.subscribe(1);
@@ -504,8 +509,7 @@ TEST(block_table_translation, blocks_kept_on_a_belief_the_engine_hashes_our_way_
 TEST(block_table_translation, copies_on_other_media_follow_the_gpu_blocks_key) {
   auto doc = llmgw::test::read_json(llmgw::test::capture_path("S1_basic.map.int.json"));
   auto keys = llmgw::test::capture_router_keys(doc, "1");
-  auto b = decode_batch(
-    llmgw::test::from_hex(json::value_to<std::string>(doc.at("frames").at(0).at("payload_hex"))));
+  auto b = first_batch(doc);
   ASSERT_TRUE(b);
   block_table table(translating("1"));
   table.apply(*b);
@@ -534,8 +538,7 @@ TEST(block_table_translation, copies_on_other_media_follow_the_gpu_blocks_key) {
 TEST(block_table_translation, a_hybrid_models_other_groups_follow_the_full_attention_keys) {
   auto doc = llmgw::test::read_json(llmgw::test::capture_path("S1_basic.map.int.json"));
   auto keys = llmgw::test::capture_router_keys(doc, "1");
-  auto first = decode_batch(
-    llmgw::test::from_hex(json::value_to<std::string>(doc.at("frames").at(0).at("payload_hex"))));
+  auto first = first_batch(doc);
   ASSERT_TRUE(first);
   auto full = first->events.at(0);
   ASSERT_GE(full.block_hashes.size(), 3u);
@@ -565,8 +568,7 @@ TEST(block_table_translation, a_hybrid_models_other_groups_follow_the_full_atten
 
 TEST(block_table_translation, what_cannot_be_translated_says_why_and_is_not_routed) {
   auto doc = llmgw::test::read_json(llmgw::test::capture_path("S1_basic.map.int.json"));
-  auto first = decode_batch(
-    llmgw::test::from_hex(json::value_to<std::string>(doc.at("frames").at(0).at("payload_hex"))));
+  auto first = first_batch(doc);
   ASSERT_TRUE(first);
   {
     block_table table(translating("1", 32)); // llm-d's and others' sizes differ
