@@ -10,7 +10,7 @@ namespace llmgw::kv {
 medium medium_of(std::string_view name) noexcept {
   if (name == "GPU")
     return medium::gpu;
-  if (name == "CPU")
+  if (name == "CPU" || name == "CPU_PINNED") // vLLM's, SGLang's host memory
     return medium::cpu;
   return medium::storage;
 }

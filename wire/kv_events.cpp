@@ -234,6 +234,8 @@ struct position {
 
 class batch_decoder {
 public:
+  explicit batch_decoder(event_dialect dialect) : dialect_(dialect) {}
+
   result<event_batch> decode(const msgpack::object& root) {
     if (!decode_root(root))
       return std::move(*error_);
@@ -293,8 +295,11 @@ private:
       bool known = true;
       if (!decode_event(events.via.array.ptr[i], ev, known))
         return false;
-      if (known)
-        batch_.events.push_back(std::move(ev));
+      if (!known)
+        continue;
+      if (dialect_ == event_dialect::sglang && ev.kind == event_kind::block_stored)
+        sglang_extra_keys(ev);
+      batch_.events.push_back(std::move(ev));
     }
     return true;
   }
@@ -348,6 +353,8 @@ private:
     kv_cache_spec_kind,
     kv_cache_spec_sliding_window,
     locality,
+    metadata,   ///< SGLang's arrays only: {"cache_salt": salt}
+    cache_salt, ///< SGLang's maps only
     unknown,
   };
 
@@ -362,7 +369,10 @@ private:
                                                 "group_idx",
                                                 "kv_cache_spec_kind",
                                                 "kv_cache_spec_sliding_window",
-                                                "locality"};
+                                                "locality",
+                                                "metadata",
+                                                "cache_salt"};
+  static constexpr std::size_t sglang_only_fields = 2; // the last two names
 
   // Positional order of the array shape, after the tag.
   static constexpr field stored_fields[] = {field::block_hashes,
@@ -379,13 +389,20 @@ private:
                                             field::locality};
   static constexpr field removed_fields[] = {field::block_hashes, field::medium, field::group_idx,
                                              field::locality};
+  static constexpr field sglang_stored_fields[] = {field::block_hashes, field::parent_block_hash,
+                                                   field::token_ids,    field::block_size,
+                                                   field::lora_id,      field::medium,
+                                                   field::metadata};
+  static constexpr field sglang_removed_fields[] = {field::block_hashes, field::medium};
 
   static const char* name_of(field f) { return field_names[static_cast<std::size_t>(f)]; }
 
-  /// The field a map key names, if the event kind has it.
-  static field field_of(std::string_view key, event_kind kind) {
+  /// The field a map key names, if the event kind (in this dialect) has it.
+  field field_of(std::string_view key, event_kind kind) const {
     field f = field::unknown;
-    for (std::size_t i = 0; i < std::size(field_names); ++i) {
+    auto names =
+      std::size(field_names) - (dialect_ == event_dialect::sglang ? 0 : sglang_only_fields);
+    for (std::size_t i = 0; i < names; ++i) {
       std::string_view name = field_names[i];
       if (key.size() == name.size() && key[0] == name[0] && key == name) {
         f = static_cast<field>(i);
@@ -410,16 +427,17 @@ private:
     std::size_t minimum = 1;
     std::size_t known = 0;
     const field* order = nullptr;
+    bool sglang = dialect_ == event_dialect::sglang;
     switch (ev.kind) {
     case event_kind::block_stored:
       minimum = 6;
-      known = std::size(stored_fields);
-      order = stored_fields;
+      known = sglang ? std::size(sglang_stored_fields) : std::size(stored_fields);
+      order = sglang ? sglang_stored_fields : stored_fields;
       break;
     case event_kind::block_removed:
       minimum = 2;
-      known = std::size(removed_fields);
-      order = removed_fields;
+      known = sglang ? std::size(sglang_removed_fields) : std::size(removed_fields);
+      order = sglang ? sglang_removed_fields : removed_fields;
       break;
     case event_kind::all_blocks_cleared:
       return true;
@@ -512,6 +530,10 @@ private:
       return optional_int(obj, ev.kv_cache_spec_sliding_window);
     case field::locality:
       return optional_str(obj, ev.locality);
+    case field::metadata:
+      return metadata(obj, ev.cache_salt);
+    case field::cache_salt:
+      return optional_str(obj, ev.cache_salt);
     case field::unknown:
       break;
     }
@@ -521,6 +543,11 @@ private:
   bool hash(const msgpack::object& obj, block_hash& out) {
     if (obj.type == msgpack::type::POSITIVE_INTEGER) {
       out.key = obj.via.u64;
+      out.digest_size = 0;
+      return true;
+    }
+    if (obj.type == msgpack::type::NEGATIVE_INTEGER && dialect_ == event_dialect::sglang) {
+      out.key = static_cast<block_key>(obj.via.i64);
       out.digest_size = 0;
       return true;
     }
@@ -536,7 +563,9 @@ private:
     }
     return fail(
       errc::bad_hash,
-      fmt::format("expected an unsigned integer or a 16/32-byte bin, got {}", type_name(obj)));
+      fmt::format("expected {} or a 16/32-byte bin, got {}",
+                  dialect_ == event_dialect::sglang ? "an integer" : "an unsigned integer",
+                  type_name(obj)));
   }
 
   bool hash_list(const msgpack::object& obj, std::vector<block_hash>& out) {
@@ -559,7 +588,11 @@ private:
     const auto& arr = obj.via.array;
     out.resize(arr.size);
     for (std::uint32_t i = 0; i < arr.size; ++i) {
-      const auto& t = arr.ptr[i];
+      const auto* tp = &arr.ptr[i];
+      if (dialect_ == event_dialect::sglang && tp->type == msgpack::type::ARRAY
+          && tp->via.array.size == 2)
+        tp = &tp->via.array.ptr[0]; // an EAGLE engine's bigram key: its first token
+      const auto& t = *tp;
       if (t.type != msgpack::type::POSITIVE_INTEGER || t.via.u64 > 0xffffffffu) {
         pos_.element = i;
         if (t.type == msgpack::type::POSITIVE_INTEGER)
@@ -618,6 +651,36 @@ private:
     return true;
   }
 
+  /// SGLang's BlockStoredMetadata: a map; only cache_salt is known.
+  bool metadata(const msgpack::object& obj, std::optional<std::string>& salt) {
+    if (obj.type == msgpack::type::NIL)
+      return true;
+    if (obj.type != msgpack::type::MAP)
+      return wrong_type(obj, "a map {\"cache_salt\": str} or nil");
+    const auto& map = obj.via.map;
+    for (std::uint32_t i = 0; i < map.size; ++i) {
+      const auto& key = map.ptr[i].key;
+      if (key.type != msgpack::type::STR)
+        return wrong_type(key, "a str map key");
+      if (as_view(key) != "cache_salt")
+        continue; // what a newer SGLang may add
+      if (map.ptr[i].val.type != msgpack::type::STR)
+        return wrong_type(map.ptr[i].val, "the cache salt as str");
+      salt.emplace(as_view(map.ptr[i].val));
+    }
+    return true;
+  }
+
+  /// SGLang hashes a block from its tokens, its parent and, on a chain's
+  /// first block, the cache salt: the extra keys vLLM hashes for the same
+  /// request, which the cluster's keys are made of.
+  static void sglang_extra_keys(kv_event& ev) {
+    std::vector<block_extra> extra(ev.block_hashes.size());
+    if (ev.cache_salt && !ev.parent_block_hash && !extra.empty())
+      extra[0] = std::vector<extra_item>{extra_item::of_text(*ev.cache_salt)};
+    ev.extra_keys = std::move(extra);
+  }
+
   bool extra_value(const msgpack::object& obj, extra_item& out) {
     switch (obj.type) {
     case msgpack::type::STR:
@@ -672,6 +735,7 @@ private:
     return true;
   }
 
+  event_dialect dialect_;
   event_batch batch_;
   position pos_;
   std::optional<error> error_;
@@ -679,7 +743,8 @@ private:
 
 } // namespace
 
-result<event_batch> decode_batch(std::string_view payload, const decode_limits& limits) {
+result<event_batch> decode_batch(std::string_view payload, const decode_limits& limits,
+                                 event_dialect dialect) {
   if (payload.size() > limits.max_payload_bytes)
     return error{errc::too_large, fmt::format("payload of {} bytes exceeds the limit of {} bytes",
                                               payload.size(), limits.max_payload_bytes)};
@@ -720,7 +785,7 @@ result<event_batch> decode_batch(std::string_view payload, const decode_limits& 
   if (offset != payload.size())
     return error{errc::trailing_bytes, fmt::format("{} bytes after the batch (it ends at byte {})",
                                                    payload.size() - offset, offset)};
-  return batch_decoder{}.decode(builder.data());
+  return batch_decoder{dialect}.decode(builder.data());
 }
 
 } // namespace llmgw::wire

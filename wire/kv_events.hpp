@@ -18,6 +18,20 @@
 // default: the digest's last 8 bytes, big-endian) or the raw digest as bin (16
 // bytes for xxhash, 32 for sha256), reduced here to the same 64-bit key.
 //
+// SGLang's publisher (the `sglang` dialect) sends the same batches with its
+// own events (sglang/srt/disaggregation/kv_events.py):
+//     ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
+//      lora_id, medium] and, for a request with a cache salt, an eighth
+//      element {"cache_salt": salt}
+//     ["BlockRemoved", block_hashes, medium]
+//   or, since 2026-09, maps with a "type" key and the same names (the salt as
+//   "cache_salt"). A hash is a signed integer (the digest's first 8 bytes as
+//   an int64), kept as its two's complement. SGLang mixes nothing but the salt into its hashes
+//   and publishes no extra_keys: the decoder gives each stored block the
+//   extra keys vLLM would hash for it (the salt on a chain's first block,
+//   none elsewhere). An EAGLE engine's pages are token pairs (bigram keys);
+//   a pair's first token is the page's token.
+//
 // The decoder trusts nothing: sizes are checked against the bytes that remain,
 // nesting is bounded, and every error names the event and field it concerns.
 #pragma once
@@ -91,6 +105,7 @@ struct kv_event {
   std::optional<std::string> kv_cache_spec_kind;            ///< stored
   std::optional<std::int64_t> kv_cache_spec_sliding_window; ///< stored
   std::optional<std::string> locality;                      ///< stored, removed
+  std::optional<std::string> cache_salt;                    ///< stored (SGLang's metadata)
 
   /// The medium with vLLM's default applied: nil is "GPU".
   std::string_view medium_or_gpu() const noexcept;
@@ -116,14 +131,20 @@ struct decode_limits {
   std::size_t max_depth = 16;               ///< msgpack nesting (a batch needs 5)
 };
 
+/// Whose publisher wrote a payload: the batch is the same, the events differ.
+/// TensorRT-LLM writes vLLM's map shape.
+enum class event_dialect : std::uint8_t { vllm, sglang };
+
 /// Decodes one payload. On error, nothing of the batch is returned and the
 /// message says what was wrong and at which event and field.
-result<event_batch> decode_batch(std::string_view payload, const decode_limits& limits = {});
+result<event_batch> decode_batch(std::string_view payload, const decode_limits& limits = {},
+                                 event_dialect dialect = event_dialect::vllm);
 
 /// The two event encodings vLLM has used.
 enum class event_shape : std::uint8_t {
-  array, ///< positional arrays (vLLM before 2026-06)
-  map,   ///< maps with a "type" key, None-valued optional fields left out
+  array,  ///< positional arrays (vLLM before 2026-06)
+  map,    ///< maps with a "type" key, None-valued optional fields left out
+  sglang, ///< SGLang's positional arrays (llmgw-sim's SGLang stream)
 };
 
 /// Encodes a batch as vLLM's publisher does, byte for byte: the array shape
@@ -131,7 +152,10 @@ enum class event_shape : std::uint8_t {
 /// a locality is set); the map shape always writes type, block_hashes,
 /// parent_block_hash, token_ids, block_size, lora_id, medium and lora_name,
 /// and extra_keys, group_idx, the spec fields and locality only when set. A
-/// hash is written as it was read: an integer, or the raw digest as bin.
+/// hash is written as it was read: an integer, or the raw digest as bin. The
+/// sglang shape writes SGLang's events as its publisher does: BlockStored
+/// with 7 elements (8, the salt's map, when cache_salt is set), BlockRemoved
+/// with 3, each hash a signed integer (the key's two's complement).
 std::string encode_batch(const event_batch& batch, event_shape shape);
 
 /// Reduces a raw digest (16 or 32 bytes) to its 64-bit key, as vLLM does.

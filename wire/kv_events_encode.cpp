@@ -121,6 +121,43 @@ void pack_array_event(packer& p, const kv_event& ev) {
   }
 }
 
+/// SGLang's events (its publisher's msgspec structs are array_like, so every
+/// field is written; the salt's metadata struct is a map).
+void pack_sglang_event(packer& p, const kv_event& ev) {
+  auto pack_signed = [&](const block_hash& h) { pack_int(p, static_cast<std::int64_t>(h.key)); };
+  switch (ev.kind) {
+  case event_kind::block_stored:
+    p.pack_array(ev.cache_salt ? 8 : 7);
+    pack_str(p, "BlockStored");
+    p.pack_array(static_cast<std::uint32_t>(ev.block_hashes.size()));
+    for (const auto& h : ev.block_hashes)
+      pack_signed(h);
+    pack_optional(p, ev.parent_block_hash, pack_signed);
+    pack_tokens(p, ev.token_ids);
+    p.pack_uint32(ev.block_size);
+    pack_optional(p, ev.lora_id, [&](std::int64_t v) { pack_int(p, v); });
+    pack_optional(p, ev.medium, [&](const std::string& v) { pack_str(p, v); });
+    if (ev.cache_salt) {
+      p.pack_map(1);
+      pack_str(p, "cache_salt");
+      pack_str(p, *ev.cache_salt);
+    }
+    break;
+  case event_kind::block_removed:
+    p.pack_array(3);
+    pack_str(p, "BlockRemoved");
+    p.pack_array(static_cast<std::uint32_t>(ev.block_hashes.size()));
+    for (const auto& h : ev.block_hashes)
+      pack_signed(h);
+    pack_optional(p, ev.medium, [&](const std::string& v) { pack_str(p, v); });
+    break;
+  case event_kind::all_blocks_cleared:
+    p.pack_array(1);
+    pack_str(p, "AllBlocksCleared");
+    break;
+  }
+}
+
 void pack_map_event(packer& p, const kv_event& ev) {
   switch (ev.kind) {
   case event_kind::block_stored: {
@@ -201,10 +238,17 @@ std::string encode_batch(const event_batch& batch, event_shape shape) {
   p.pack_double(batch.ts);
   p.pack_array(static_cast<std::uint32_t>(batch.events.size()));
   for (const auto& ev : batch.events) {
-    if (shape == event_shape::array)
+    switch (shape) {
+    case event_shape::array:
       pack_array_event(p, ev);
-    else
+      break;
+    case event_shape::map:
       pack_map_event(p, ev);
+      break;
+    case event_shape::sglang:
+      pack_sglang_event(p, ev);
+      break;
+    }
   }
   pack_optional(p, batch.data_parallel_rank, [&](std::int64_t v) { pack_int(p, v); });
   return std::string(buf.data(), buf.size());

@@ -1,0 +1,200 @@
+// SGLang's KV events: the streams its own publisher and event code wrote
+// (golden/sglang-captures/), decoded exactly, written again byte for byte,
+// and keyed by the cluster's hash as the router hashes the same prompts.
+#include "kv/block_table.hpp"
+#include "tests/support/captures.hpp"
+#include "wire/block_hash.hpp"
+#include "wire/kv_events.hpp"
+
+#include <boost/json.hpp>
+#include <gtest/gtest.h>
+
+#include <set>
+
+using namespace llmgw;
+using llmgw::test::from_hex;
+
+namespace {
+
+boost::json::value capture(const std::string& name) {
+  return test::read_json(test::source_path("golden/sglang-captures/" + name));
+}
+
+std::vector<std::uint32_t> tokens_of(const boost::json::value& request) {
+  std::vector<std::uint32_t> out;
+  for (const auto& t : request.at("tokens").as_array())
+    out.push_back(static_cast<std::uint32_t>(t.to_number<std::int64_t>()));
+  return out;
+}
+
+std::optional<std::string> salt_of(const boost::json::value& request) {
+  const auto& s = request.at("cache_salt");
+  if (s.is_null())
+    return std::nullopt;
+  return std::string(s.as_string());
+}
+
+/// The keys the router gives a request's whole blocks.
+std::vector<wire::block_key> router_keys(const boost::json::value& request) {
+  wire::block_hasher hasher("0", 16);
+  wire::extra_key_recipe recipe;
+  recipe.cache_salt = salt_of(request);
+  std::vector<wire::block_key> out;
+  for (const auto& b : hasher.hash(tokens_of(request), recipe))
+    out.push_back(b.key);
+  return out;
+}
+
+wire::event_batch decode(const boost::json::value& frame) {
+  auto b = wire::decode_batch(from_hex(std::string(frame.at("payload_hex").as_string())), {},
+                              wire::event_dialect::sglang);
+  EXPECT_TRUE(b) << b.err().message;
+  return b ? *b : wire::event_batch{};
+}
+
+} // namespace
+
+TEST(sglang_captures, every_frame_decodes_and_is_written_again_byte_for_byte) {
+  for (const char* name : {"G1_basic.json", "G2_dp.json"}) {
+    SCOPED_TRACE(name);
+    auto doc = capture(name);
+    std::set<wire::block_key> ids; // SGLang's ids of every request's pages
+    for (const auto& r : doc.at("requests").as_array())
+      for (const auto& id : r.at("sglang_block_ids").as_array())
+        ids.insert(static_cast<wire::block_key>(id.to_number<std::int64_t>()));
+    const auto& frames = doc.at("frames").as_array();
+    ASSERT_FALSE(frames.empty());
+    for (const auto& f : frames) {
+      auto payload = from_hex(std::string(f.at("payload_hex").as_string()));
+      auto b = decode(f);
+      EXPECT_EQ(b.data_parallel_rank, doc.at("attn_dp_rank").to_number<std::int64_t>());
+      EXPECT_EQ(wire::encode_batch(b, wire::event_shape::sglang), payload)
+        << "frame " << f.at("seq").as_int64();
+      for (const auto& ev : b.events) {
+        for (const auto& h : ev.block_hashes)
+          EXPECT_EQ(ids.count(h.key), 1u) << "a page id no request has: " << h.key;
+        if (ev.kind != wire::event_kind::block_stored)
+          continue;
+        EXPECT_EQ(ev.block_size, 16u);
+        EXPECT_EQ(ev.block_hashes.size(), 1u); // one BlockStored per page
+        ASSERT_TRUE(ev.extra_keys);
+        EXPECT_EQ(ev.extra_keys->size(), 1u);
+      }
+    }
+  }
+}
+
+TEST(sglang_captures, blocks_are_keyed_by_the_clusters_hash_of_the_same_prompts) {
+  auto doc = capture("G1_basic.json");
+  const auto& requests = doc.at("requests").as_array();
+  kv::block_table table(kv::parity_config{"0", 16, true});
+  const auto& frames = doc.at("frames").as_array();
+  ASSERT_EQ(frames.size(), 7u);
+  // The first four batches store four requests' pages (one salted): the
+  // table holds exactly the router's keys of all of them, on the GPU.
+  std::set<kv::block_ref> want;
+  for (std::size_t r = 0; r < 4; ++r)
+    for (auto k : router_keys(requests.at(r)))
+      want.insert({k, kv::medium::gpu});
+  for (std::size_t i = 0; i < 4; ++i) {
+    auto counts = table.apply(decode(frames.at(i)));
+    EXPECT_EQ(counts.untranslated, 0u);
+  }
+  auto held = table.held();
+  EXPECT_EQ(std::set<kv::block_ref>(held.begin(), held.end()), want);
+  EXPECT_EQ(table.parity(), kv::parity_state::translated);
+  // A host copy (CPU_PINNED) of the first request's own two pages, then
+  // both copies evicted, each by one BlockRemoved for the node.
+  table.apply(decode(frames.at(4)));
+  auto first = router_keys(requests.at(0));
+  ASSERT_EQ(first.size(), 5u);
+  held = table.held();
+  EXPECT_EQ(held.size(), want.size() + 2);
+  for (std::size_t i = 3; i < 5; ++i)
+    EXPECT_EQ(std::count(held.begin(), held.end(), kv::block_ref{first[i], kv::medium::cpu}), 1);
+  auto removed = table.apply(decode(frames.at(5)));
+  EXPECT_EQ(removed.ignored_removes, 0u);
+  for (std::size_t i = 3; i < 5; ++i)
+    want.erase({first[i], kv::medium::gpu});
+  held = table.held();
+  EXPECT_EQ(std::set<kv::block_ref>(held.begin(), held.end()), want);
+  // Cleared, then the system prompt stored again.
+  table.apply(decode(frames.at(6)));
+  held = table.held();
+  auto system = router_keys(requests.at(4));
+  EXPECT_EQ(held.size(), system.size());
+  for (auto k : system)
+    EXPECT_EQ(std::count(held.begin(), held.end(), kv::block_ref{k, kv::medium::gpu}), 1);
+}
+
+TEST(sglang_events, the_map_shape_since_2026_09_carries_the_salt_by_name) {
+  // {"type": "BlockStored", "block_hashes": [-2], "parent_block_hash": nil,
+  //  "token_ids": [5], "block_size": 1, "lora_id": nil, "cache_salt": "s"}
+  auto payload = from_hex("93cb3ff8000000000000" // [1.5,
+                          "91"                   //  [event]
+                          "87"
+                          "a474797065ab426c6f636b53746f726564"
+                          "ac626c6f636b5f686173686573"
+                          "91fe"
+                          "b1706172656e745f626c6f636b5f68617368"
+                          "c0"
+                          "a9746f6b656e5f696473"
+                          "9105"
+                          "aa626c6f636b5f73697a65"
+                          "01"
+                          "a76c6f72615f6964"
+                          "c0"
+                          "aa63616368655f73616c74"
+                          "a173"
+                          "00"); // attn_dp_rank 0]
+  auto b = wire::decode_batch(payload, {}, wire::event_dialect::sglang);
+  ASSERT_TRUE(b) << b.err().message;
+  ASSERT_EQ(b->events.size(), 1u);
+  const auto& ev = b->events[0];
+  EXPECT_EQ(ev.block_hashes.at(0).key, static_cast<wire::block_key>(-2));
+  EXPECT_EQ(ev.cache_salt, "s");
+  ASSERT_TRUE(ev.extra_keys);
+  ASSERT_TRUE((*ev.extra_keys)[0]);
+  EXPECT_EQ((*ev.extra_keys)[0]->at(0), wire::extra_item::of_text("s"));
+  // vLLM's hashes are unsigned: the same bytes are refused as vLLM's.
+  auto v = wire::decode_batch(payload);
+  ASSERT_FALSE(v);
+  EXPECT_EQ(v.err().code, errc::bad_hash);
+}
+
+TEST(sglang_events, a_salt_that_is_not_text_is_refused_saying_where) {
+  // ["BlockStored", [1], nil, [5], 1, nil, "GPU", {"cache_salt": 7}]
+  auto payload = from_hex("93cb3ff8000000000000"
+                          "91"
+                          "98ab426c6f636b53746f726564"
+                          "9101"
+                          "c0"
+                          "9105"
+                          "01"
+                          "c0"
+                          "a3475055"
+                          "81aa63616368655f73616c7407"
+                          "00");
+  auto b = wire::decode_batch(payload, {}, wire::event_dialect::sglang);
+  ASSERT_FALSE(b);
+  EXPECT_NE(b.err().message.find("metadata"), std::string::npos) << b.err().message;
+  EXPECT_NE(b.err().message.find("cache salt"), std::string::npos) << b.err().message;
+}
+
+TEST(sglang_events, an_eagle_engines_bigram_pages_give_their_first_tokens) {
+  // ["BlockStored", [1], nil, [[5, 6], [6, 7]], 2, nil, "GPU"]
+  auto payload = from_hex("93cb3ff8000000000000"
+                          "91"
+                          "97ab426c6f636b53746f726564"
+                          "9101"
+                          "c0"
+                          "92920506920607"
+                          "02"
+                          "c0"
+                          "a3475055"
+                          "00");
+  auto b = wire::decode_batch(payload, {}, wire::event_dialect::sglang);
+  ASSERT_TRUE(b) << b.err().message;
+  EXPECT_EQ(b->events.at(0).token_ids, (std::vector<std::uint32_t>{5, 6}));
+  EXPECT_FALSE(wire::decode_batch(payload)); // vLLM never sends pairs
+}
