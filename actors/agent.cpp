@@ -246,10 +246,11 @@ agent_engine start_engine(caf::actor_system& sys, const agent_config& cfg,
   for (std::uint32_t r = 0; r < e.dp_size; ++r) {
     auto view = std::make_shared<mirror_view>();
     out.mirror_views.push_back({e.replica, r, view});
-    auto m = sys.spawn(mirror, e.replica, r,
-                       std::optional<kv::parity_config>(
-                         kv::parity_config{cfg.seed, cfg.block_size, e.translate_keys}),
-                       view);
+    auto m =
+      sys.spawn(mirror, e.replica, r,
+                std::optional<kv::parity_config>(kv::parity_config{
+                  cfg.seed, cfg.block_size, e.translate_keys, config::block_size_flag(e.kind)}),
+                view);
     out.actors.push_back(caf::actor_cast<caf::actor>(m));
     // Only replicas with events are forwarded: a replica without them must
     // reach the router as "no KV state" (tier 1), not as "holds nothing".
@@ -262,6 +263,8 @@ agent_engine start_engine(caf::actor_system& sys, const agent_config& cfg,
     opts.replica = e.replica;
     opts.topic = e.topic;
     opts.replay = replay[r];
+    opts.dialect = e.kind == config::engine_kind::sglang ? wire::event_dialect::sglang
+                                                         : wire::event_dialect::vllm;
     if (!replay_moves.empty())
       opts.replay_moves = replay_moves[r];
     // The replay address is known only now (it follows the events socket).
@@ -277,6 +280,7 @@ agent_engine start_engine(caf::actor_system& sys, const agent_config& cfg,
   if (!e.launch.empty()) {
     config::engine_launch_options lo;
     lo.command = e.launch;
+    lo.kind = e.kind;
     lo.seed = cfg.seed;
     lo.block_size = cfg.block_size;
     lo.kv_events = events;

@@ -37,6 +37,7 @@ void subscriber(caf::blocking_actor* self, const std::shared_ptr<kv_event_socket
   cfg.replay_available = socket->has_replay();
   stats->replay = cfg.replay_available;
   cfg.replay_timeout = opts.replay_timeout;
+  cfg.dialect = opts.dialect;
   kv::event_stream stream(cfg);
   auto last_error_log = std::chrono::steady_clock::time_point{};
   burst_log frame_log; // a bad frame per message must not log per message

@@ -63,6 +63,7 @@ struct subscriber_options : kv_event_socket_options {
   std::string replica;                          ///< for logs and metrics
   std::chrono::milliseconds replay_timeout{2000};
   std::chrono::milliseconds poll_interval{20};
+  wire::event_dialect dialect = wire::event_dialect::vllm; ///< whose publisher
 };
 
 /// The sockets, opened before the actor starts so the port is known when

@@ -27,7 +27,8 @@ void remove_flag(std::vector<std::string>& argv, const std::string& flag) {
 
 std::string kv_events_config_json(const engine_launch_options& opts) {
   boost::json::object cfg;
-  cfg["enable_kv_cache_events"] = true;
+  if (opts.kind == engine_kind::vllm)
+    cfg["enable_kv_cache_events"] = true; // SGLang's config has no such field
   cfg["publisher"] = "zmq";
   cfg["endpoint"] = opts.events_endpoint;
   if (!opts.replay_endpoint.empty())
@@ -39,12 +40,15 @@ std::string kv_events_config_json(const engine_launch_options& opts) {
 engine_launch make_engine_launch(const engine_launch_options& opts) {
   engine_launch launch;
   launch.argv = opts.command;
-  remove_flag(launch.argv, "--prefix-caching-hash-algo");
-  launch.argv.emplace_back("--prefix-caching-hash-algo");
-  launch.argv.emplace_back("sha256_cbor");
+  if (opts.kind == engine_kind::vllm) {
+    remove_flag(launch.argv, "--prefix-caching-hash-algo");
+    launch.argv.emplace_back("--prefix-caching-hash-algo");
+    launch.argv.emplace_back("sha256_cbor");
+  }
   if (opts.block_size > 0) {
-    remove_flag(launch.argv, "--block-size");
-    launch.argv.emplace_back("--block-size");
+    std::string flag = block_size_flag(opts.kind);
+    remove_flag(launch.argv, flag);
+    launch.argv.push_back(flag);
     launch.argv.push_back(std::to_string(opts.block_size));
   }
   remove_flag(launch.argv, "--kv-events-config");

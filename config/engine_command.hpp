@@ -14,7 +14,13 @@
 //   replay endpoint and topic if any.
 // Flags of the same name in the operator's command are replaced, not
 // duplicated (the last occurrence would win in vLLM, silently).
+//
+// For SGLang (sglang.launch_server): --page-size for the block size,
+// --kv-events-config with the same endpoint, replay endpoint and topic, and
+// no hash algorithm (SGLang has one, whose ids the agent translates).
 #pragma once
+
+#include "config/topology.hpp"
 
 #include <string>
 #include <utility>
@@ -29,8 +35,11 @@ struct engine_launch {
 
 struct engine_launch_options {
   std::vector<std::string> command; ///< the operator's command line
-  std::string seed;                 ///< PYTHONHASHSEED
-  std::size_t block_size = 0;       ///< --block-size (0: the command's own)
+  /// vLLM, or SGLang (--page-size for the block size, no hash algorithm to
+  /// choose: its page ids are translated).
+  engine_kind kind = engine_kind::vllm;
+  std::string seed;           ///< PYTHONHASHSEED
+  std::size_t block_size = 0; ///< --block-size (0: the command's own)
   bool kv_events = false;
   std::string events_endpoint; ///< ipc://PATH, or tcp://127.0.0.1:PORT the subscriber bound
   std::string replay_endpoint; ///< where vLLM's ROUTER binds (ipc:// or tcp://), or empty

@@ -41,6 +41,30 @@ bool serves(const std::string& model, const std::vector<std::string>& lora,
   return name == model || std::find(lora.begin(), lora.end(), name) != lora.end();
 }
 
+const char* to_string(engine_kind kind) noexcept {
+  switch (kind) {
+  case engine_kind::vllm:
+    return "vllm";
+  case engine_kind::sglang:
+    return "sglang";
+  case engine_kind::trtllm:
+    return "trtllm";
+  }
+  return "unknown";
+}
+
+const char* block_size_flag(engine_kind kind) noexcept {
+  switch (kind) {
+  case engine_kind::vllm:
+    return "--block-size";
+  case engine_kind::sglang:
+    return "--page-size";
+  case engine_kind::trtllm:
+    return "kv_cache_config.tokens_per_block";
+  }
+  return "--block-size";
+}
+
 std::vector<std::string> events_notes(const engine_spec& e) {
   std::vector<std::string> out;
   if (!e.kv_events || !e.launch.empty())
@@ -48,11 +72,25 @@ std::vector<std::string> events_notes(const engine_spec& e) {
   auto ranks =
     e.dp_size > 1 ? fmt::format(" (rank r at port + r, {} ranks)", e.dp_size) : std::string{};
   if (!e.events.empty()) {
-    out.push_back(fmt::format(
-      "kv events: the agent connects to {}{}; the engine must bind there, as vLLM does for "
-      "its default endpoint tcp://*:5557 (an endpoint naming a host, tcp://127.0.0.1:5557 or "
-      "tcp://0.0.0.0:5557, makes vLLM connect out instead, and nothing arrives)",
-      e.events, ranks));
+    if (e.kind == engine_kind::sglang)
+      out.push_back(fmt::format(
+        "kv events: the agent connects to {}{}; SGLang must bind there, as it does for its "
+        "default endpoint tcp://*:5557 and for tcp://0.0.0.0:PORT (tcp://127.0.0.1:5557 makes "
+        "it connect out instead, and nothing arrives); under attention DP the port is offset "
+        "by the attention-DP rank, else by the DP rank",
+        e.events, ranks));
+    else if (e.kind == engine_kind::trtllm)
+      out.push_back(fmt::format(
+        "kv events: the agent connects to {}{}, where TensorRT-LLM's ZMQ publisher binds (it "
+        "always binds; its ranks at base port + global rank). Its releases' other path, "
+        "polling POST /kv_cache_events, is not read by llmgw",
+        e.events, ranks));
+    else
+      out.push_back(fmt::format(
+        "kv events: the agent connects to {}{}; the engine must bind there, as vLLM does for "
+        "its default endpoint tcp://*:5557 (an endpoint naming a host, tcp://127.0.0.1:5557 or "
+        "tcp://0.0.0.0:5557, makes vLLM connect out instead, and nothing arrives)",
+        e.events, ranks));
     auto at = wire::parse_tcp_endpoint(e.events);
     if (at && !wire::is_loopback(at->host))
       out.push_back(fmt::format(
@@ -571,7 +609,17 @@ void read_gateway(checker& c, const toml::value& doc, gateway_settings& g) {
 void read_engine(checker& c, const toml::value& t, const std::string& where, engine_spec& e) {
   c.only_keys(t, where,
               {"replica", "model", "url", "lora", "kv_events", "events_port", "events", "topic",
-               "dp_size", "launch", "replay", "replay_endpoint", "block_keys"});
+               "dp_size", "launch", "replay", "replay_endpoint", "block_keys", "engine"});
+  std::string kind;
+  c.read(t, where, "engine", kind, false);
+  if (kind == "sglang")
+    e.kind = engine_kind::sglang;
+  else if (kind == "trtllm")
+    e.kind = engine_kind::trtllm;
+  else if (!kind.empty() && kind != "vllm")
+    c.problem(
+      *c.find(t, "engine"),
+      fmt::format("{}.engine '{}': \"vllm\" (the default), \"sglang\" or \"trtllm\"", where, kind));
   c.read(t, where, "replica", e.replica, true);
   if (!e.replica.empty() && !valid_name(e.replica))
     c.problem(*c.find(t, "replica"),
@@ -651,9 +699,20 @@ void read_engine(checker& c, const toml::value& t, const std::string& where, eng
                              where, e.replica));
   if (static_cast<std::uint32_t>(e.events_port) + e.dp_size - 1 > 65535)
     c.problem(t, fmt::format("{}: events_port + dp_size - 1 exceeds 65535", where));
+  if (e.kind == engine_kind::trtllm && !e.launch.empty())
+    c.problem(*c.find(t, "launch"),
+              fmt::format("{}: llmgw launches vLLM and SGLang; TensorRT-LLM sets its KV events "
+                          "in trtllm-serve's YAML: start it yourself and attach it (events = "
+                          "\"tcp://HOST:PORT\")",
+                          where));
   std::string keys;
   c.read(t, where, "block_keys", keys, false);
-  if (keys == "engine")
+  if (keys == "engine" && e.kind != engine_kind::vllm)
+    c.problem(*c.find(t, "block_keys"),
+              fmt::format("{}.block_keys = \"engine\": {} never hashes blocks the cluster's way "
+                          "(sha256_cbor); its blocks must be translated (leave block_keys out)",
+                          where, to_string(e.kind)));
+  else if (keys == "engine")
     e.translate_keys = false;
   else if (!keys.empty() && keys != "translate")
     c.problem(*c.find(t, "block_keys"),

@@ -38,13 +38,25 @@ bool serves(const std::string& model, const std::vector<std::string>& lora,
             const std::string& name);
 
 /// One engine (one vLLM server, possibly with data-parallel ranks).
+/// Whose engine it is: how its events are encoded, which flags set its
+/// block size, what its HTTP API has.
+enum class engine_kind : std::uint8_t { vllm, sglang, trtllm };
+
+/// "vllm", "sglang", "trtllm".
+const char* to_string(engine_kind kind) noexcept;
+
+/// The flag (or setting) that sets an engine's block size: --block-size,
+/// --page-size, tokens_per_block.
+const char* block_size_flag(engine_kind kind) noexcept;
+
 struct engine_spec {
-  std::string replica;           ///< unique in the cluster
-  std::string model;             ///< served model name (OpenAI "model")
-  std::string url;               ///< HTTP base URL, e.g. http://10.0.0.5:8000
-  std::vector<std::string> lora; ///< LoRA adapters it serves, by name
-  bool kv_events = false;        ///< tier 2: mirror its KV events
-  std::uint16_t events_port = 0; ///< SUB port on the agent's loopback (0: any)
+  std::string replica;                  ///< unique in the cluster
+  engine_kind kind = engine_kind::vllm; ///< `engine = "vllm" | "sglang" | "trtllm"`
+  std::string model;                    ///< served model name (OpenAI "model")
+  std::string url;                      ///< HTTP base URL, e.g. http://10.0.0.5:8000
+  std::vector<std::string> lora;        ///< LoRA adapters it serves, by name
+  bool kv_events = false;               ///< tier 2: mirror its KV events
+  std::uint16_t events_port = 0;        ///< SUB port on the agent's loopback (0: any)
   /// Attached engines whose publisher binds (vLLM's default tcp://*:5557):
   /// where the agent connects, tcp://HOST:PORT; rank r at PORT + r.
   std::string events;

@@ -315,9 +315,9 @@ void block_table::translate_stored(const wire::kv_event& ev, medium where, apply
     if (ev.block_size != bs)
       flag(parity_state::untranslatable,
            fmt::format("the engine publishes block size {}, the cluster's is {}: start it with "
-                       "--block-size {} (a prefix hit in the engine is whole blocks of its own "
+                       "{} {} (a prefix hit in the engine is whole blocks of its own "
                        "size, which the cluster's keys cannot say)",
-                       ev.block_size, bs, bs),
+                       ev.block_size, bs, parity_config_->block_size_flag, bs),
            counts);
     else
       flag(parity_state::untranslatable,
@@ -437,8 +437,8 @@ void block_table::check_parity(const wire::kv_event& ev, apply_counts& counts) {
   const auto bs = hasher_->block_size();
   if (ev.block_size != bs) {
     flag_mismatch(fmt::format("engine publishes block size {}, the topology says {}: start it with "
-                              "--block-size {}",
-                              ev.block_size, bs, bs));
+                              "{} {}",
+                              ev.block_size, bs, parity_config_->block_size_flag, bs));
     counts.mismatch_found = true;
     return;
   }

@@ -167,6 +167,7 @@ struct parity_config {
   std::string seed;            ///< the cluster's hash_seed (the router's NONE_HASH)
   std::size_t block_size = 16; ///< the cluster's block size
   bool translate = false;      ///< key blocks by the cluster's hash (see the top)
+  std::string block_size_flag = "--block-size"; ///< what sets the engine's, for messages
 };
 
 class block_table {

@@ -21,7 +21,7 @@ stream_action reset_for(reset_reason why, std::uint64_t expected, std::uint64_t 
 
 void event_stream::apply_payload(std::uint64_t seq, std::string_view payload,
                                  std::vector<stream_action>& out) {
-  auto batch = wire::decode_batch(payload, cfg_.limits);
+  auto batch = wire::decode_batch(payload, cfg_.limits, cfg_.dialect);
   stream_action action;
   action.seq = seq;
   if (!batch) {

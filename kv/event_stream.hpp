@@ -73,6 +73,7 @@ public:
     std::chrono::milliseconds replay_timeout{2000};
     std::size_t max_held = 10000; ///< live messages held while a replay runs
     wire::decode_limits limits;
+    wire::event_dialect dialect = wire::event_dialect::vllm; ///< whose publisher
   };
 
   explicit event_stream(config cfg);

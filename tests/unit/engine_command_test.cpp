@@ -43,3 +43,23 @@ TEST(engine_command, replaces_the_operators_own_flags) {
                                               "--prefix-caching-hash-algo", "sha256_cbor"}))
     << "without kv_events no events config is passed, and the operator's is dropped";
 }
+
+TEST(engine_command, sglang_gets_its_page_size_and_events_config_and_no_hash_algorithm) {
+  engine_launch_options o;
+  o.kind = engine_kind::sglang;
+  o.command = {"python3", "-m", "sglang.launch_server", "--model-path", "m", "--page-size", "1"};
+  o.seed = "0";
+  o.block_size = 16;
+  o.kv_events = true;
+  o.events_endpoint = "tcp://127.0.0.1:41000";
+  auto l = make_engine_launch(o);
+  ASSERT_EQ(l.argv.size(), 9u);
+  EXPECT_EQ(l.argv[5], "--page-size") << "the cluster's, replacing the command's 1";
+  EXPECT_EQ(l.argv[6], "16");
+  EXPECT_EQ(l.argv[7], "--kv-events-config");
+  auto cfg = boost::json::parse(l.argv[8]).as_object();
+  EXPECT_FALSE(cfg.contains("enable_kv_cache_events"));
+  EXPECT_EQ(cfg.at("endpoint").as_string(), "tcp://127.0.0.1:41000");
+  for (const auto& a : l.argv)
+    EXPECT_EQ(a.find("prefix-caching"), std::string::npos) << a;
+}

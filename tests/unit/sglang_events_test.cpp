@@ -198,3 +198,13 @@ TEST(sglang_events, an_eagle_engines_bigram_pages_give_their_first_tokens) {
   EXPECT_EQ(b->events.at(0).token_ids, (std::vector<std::uint32_t>{5, 6}));
   EXPECT_FALSE(wire::decode_batch(payload)); // vLLM never sends pairs
 }
+
+TEST(sglang_captures, another_page_size_is_refused_naming_sglangs_flag) {
+  auto doc = capture("G1_basic.json");
+  kv::block_table table(kv::parity_config{"0", 32, true, "--page-size"});
+  auto c = table.apply(decode(doc.at("frames").as_array().at(0)));
+  EXPECT_EQ(table.parity(), kv::parity_state::untranslatable);
+  EXPECT_EQ(c.untranslated, c.stored);
+  EXPECT_NE(table.parity_message().find("start it with --page-size 32"), std::string::npos)
+    << table.parity_message();
+}

@@ -586,3 +586,29 @@ TEST(topology, text_that_is_not_utf8_is_refused_before_toml11_reads_past_it) {
   auto text = replace(valid_text(), "model = \"llama\"", "model = \"llama \xc3\xa9\xe2\x82\xac\"");
   EXPECT_TRUE(parse(text).value) << "valid UTF-8 is fine";
 }
+
+TEST(topology, an_engine_names_whose_it_is_and_what_that_rules_out) {
+  auto t = parse(valid_text() + "engine = \"sglang\"\n");
+  ASSERT_TRUE(t.value) << (t.problems.empty() ? "" : t.problems[0].message);
+  const auto& e = t.value->find_node("agent-a")->engines.at(0);
+  EXPECT_EQ(e.kind, engine_kind::sglang);
+  EXPECT_EQ(std::string(block_size_flag(e.kind)), "--page-size");
+  EXPECT_EQ(parse(valid_text()).value->find_node("agent-a")->engines.at(0).kind, engine_kind::vllm);
+  auto p = problems_of(valid_text() + "engine = \"tgi\"\n");
+  EXPECT_TRUE(has_problem(p, 31, "engine 'tgi': \"vllm\" (the default), \"sglang\" or \"trtllm\""));
+  p = problems_of(valid_text() + "engine = \"sglang\"\nblock_keys = \"engine\"\n");
+  EXPECT_TRUE(has_problem(p, 32, "sglang never hashes blocks the cluster's way"));
+  p = problems_of(replace(valid_text(), "events_port = 5557\n",
+                          "launch = [\"trtllm-serve\", \"m\"]\nengine = \"trtllm\"\n"));
+  EXPECT_TRUE(has_problem(p, 30, "TensorRT-LLM sets its KV events in trtllm-serve's YAML"));
+}
+
+TEST(topology, an_sglang_engine_that_binds_is_told_sglangs_rule) {
+  auto t = parse(replace(valid_text(), "events_port = 5557\n",
+                         "events = \"tcp://127.0.0.1:5557\"\nengine = \"sglang\"\n"));
+  ASSERT_TRUE(t.value) << (t.problems.empty() ? "" : t.problems[0].message);
+  auto notes = events_notes(t.value->find_node("agent-a")->engines.at(0));
+  ASSERT_FALSE(notes.empty());
+  EXPECT_NE(notes[0].find("SGLang must bind there"), std::string::npos) << notes[0];
+  EXPECT_NE(notes[0].find("tcp://0.0.0.0:PORT"), std::string::npos) << notes[0];
+}
