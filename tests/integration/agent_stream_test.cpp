@@ -12,6 +12,7 @@
 #include "tests/support/captures.hpp"
 #include "tests/support/eventually.hpp"
 #include "tests/support/loopback_control.hpp"
+#include "wire/block_hash.hpp"
 #include "wire/zmq_message.hpp"
 
 #include <boost/json.hpp>
@@ -544,4 +545,55 @@ TEST(agent_stream, a_message_over_the_size_limit_cuts_its_publisher_off_unread) 
   ASSERT_TRUE(path.wait_for_messages(2));
   EXPECT_EQ(path.stats->messages.load(), 2u) << "the oversized message was never received";
   EXPECT_EQ(path.stats->decode_errors.load(), 0u) << "nor held and handed to the decoder";
+}
+
+TEST(agent_node, an_attached_sglang_engines_pages_reach_the_control_node_under_the_routers_keys) {
+  llmgw::test::loopback_control control;
+  ASSERT_NE(control.port, 0) << control.error;
+  auto copy = control.record;
+  // Recorded from SGLang's own publisher and event code: its batches, its
+  // signed page ids, a salted chain, a host copy, a reset.
+  auto doc =
+    llmgw::test::read_json(llmgw::test::source_path("golden/sglang-captures/G1_basic.json"));
+  std::vector<frame> frames;
+  for (const auto& f : doc.at("frames").as_array())
+    frames.push_back({llmgw::test::from_hex(json::value_to<std::string>(f.at("topic_hex"))),
+                      static_cast<std::uint64_t>(f.at("seq").as_int64()),
+                      llmgw::test::from_hex(json::value_to<std::string>(f.at("payload_hex")))});
+  // After the reset, the last batch stores the system prompt alone.
+  const auto& system = doc.at("requests").as_array().back();
+  std::vector<std::uint32_t> tokens;
+  for (const auto& t : system.at("tokens").as_array())
+    tokens.push_back(static_cast<std::uint32_t>(t.to_number<std::int64_t>()));
+  std::set<kv::block_ref> want;
+  for (const auto& b : wire::block_hasher("1", 16).hash(tokens))
+    want.insert({b.key, kv::medium::gpu});
+  ASSERT_EQ(want.size(), 3u);
+
+  publisher pub{publisher::bind_at{}}; // SGLang's default: tcp://*:5557, it binds
+  agent_config cfg;
+  cfg.node = "agent-a";
+  cfg.seed = "1";
+  cfg.flush_interval = 50ms;
+  agent_engine_config engine;
+  engine.replica = "sg0";
+  engine.kind = config::engine_kind::sglang;
+  engine.kv_events = true;
+  engine.events = pub.endpoint();
+  engine.topic = json::value_to<std::string>(doc.at("topic"));
+  cfg.engines.push_back(engine);
+  cfg.controls.push_back({"control-1", "127.0.0.1", control.port, {}});
+  llmgw::test::loopback_node_config agent_cfg;
+  caf::actor_system agent_sys{agent_cfg};
+  auto handles = start_agent(agent_sys, cfg);
+  ASSERT_TRUE(pub.subscribed()) << "the agent connected to SGLang's publisher";
+  for (const auto& f : frames)
+    pub.send(f, f.seq);
+  bool equal = test::eventually([&] { return copy->blocks_of("sg0", 0) == want; }, 20s);
+  EXPECT_TRUE(equal) << "the control node holds " << copy->blocks_of("sg0", 0).size()
+                     << " blocks, the router's keys of the system prompt are " << want.size();
+  EXPECT_EQ(handles.subscribers.at(0).stats->decode_errors.load(), 0u);
+  EXPECT_EQ(handles.mirror_views.at(0).view->parity.load(),
+            static_cast<std::uint8_t>(kv::parity_state::translated));
+  stop_agent(handles);
 }
