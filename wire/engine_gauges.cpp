@@ -16,11 +16,12 @@ namespace {
 enum class gauge : std::uint8_t { running, waiting, kv_usage, gpu_usage, other };
 
 gauge which(std::string_view name) {
-  if (name == "vllm:num_requests_running")
+  // vLLM's names, then SGLang's (--enable-metrics; one sample per DP rank).
+  if (name == "vllm:num_requests_running" || name == "sglang:num_running_reqs")
     return gauge::running;
-  if (name == "vllm:num_requests_waiting")
+  if (name == "vllm:num_requests_waiting" || name == "sglang:num_queue_reqs")
     return gauge::waiting;
-  if (name == "vllm:kv_cache_usage_perc")
+  if (name == "vllm:kv_cache_usage_perc" || name == "sglang:token_usage")
     return gauge::kv_usage;
   if (name == "vllm:gpu_cache_usage_perc")
     return gauge::gpu_usage;

@@ -2,6 +2,8 @@
 // vLLM's scheduler gauges. vLLM labels every sample with `model_name` and
 // `engine` (the data-parallel rank), so an engine with several ranks has one
 // sample per rank: running and waiting are summed, cache usage is averaged.
+// SGLang's names for the same (sglang:num_running_reqs, sglang:num_queue_reqs,
+// sglang:token_usage, served with --enable-metrics) are read alike.
 #pragma once
 
 #include "base/result.hpp"

@@ -1,4 +1,6 @@
-// llmgw-sim: a stand-in for vLLM where there is no GPU. Started like vLLM
+// llmgw-sim: a stand-in for vLLM where there is no GPU (or, with --sim-as
+// sglang, for SGLang's event stream, with --model-path and --page-size as
+// SGLang names them). Started like vLLM
 // (the flags below keep vLLM's names; PYTHONHASHSEED and
 // VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES from the environment), it serves
 // vLLM's HTTP API and publishes vLLM's KV event stream (apps/llmgw-sim/
@@ -86,6 +88,14 @@ int run(int argc, char** argv) {
                 "block events a second per rank published beside the real ones: stores of "
                 "random blocks and removes of the oldest (benchmark load, llmgw-bench soak)")
     ->capture_default_str();
+  std::string as = "vllm";
+  app
+    .add_option("--sim-as", as, "whose engine to stand in for: vllm, or sglang (its event stream)")
+    ->check(CLI::IsMember({"vllm", "sglang"}))
+    ->capture_default_str();
+  app.add_option("--model-path", o.model, "SGLang's name for --model");
+  app.add_option("--page-size", o.block_size, "SGLang's name for --block-size")
+    ->check(CLI::Range(1, 4096));
   app.add_option("--sim-event-shape", shape, "array (vLLM before 2026-06) or map")
     ->check(CLI::IsMember({"array", "map"}))
     ->capture_default_str();
@@ -120,6 +130,11 @@ int run(int argc, char** argv) {
     o.int_hashes = std::string(ints) != "0";
   o.event_shape =
     shape == "array" ? llmgw::wire::event_shape::array : llmgw::wire::event_shape::map;
+  o.sglang = as == "sglang";
+  if (o.sglang && o.enable_scale_out) {
+    fmt::print(stderr, "llmgw-sim: --enable-scale-out is vLLM's; SGLang has no render routes\n");
+    return 2;
+  }
 
   auto signals = llmgw::apps::block_stop_signals();
   int sig = 0;

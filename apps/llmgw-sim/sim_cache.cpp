@@ -51,6 +51,7 @@ void kv_cache::store(allocation& a, std::size_t first, std::size_t count,
   ev.lora_id = a.lora_id;
   ev.medium = "GPU";
   ev.lora_name = a.extras.lora_name;
+  ev.cache_salt = a.extras.cache_salt; // not in vLLM's shapes; SGLang's carries it
   ev.group_idx = 0;
   ev.kv_cache_spec_kind = "full_attention";
   std::vector<wire::block_extra> extras;

@@ -122,7 +122,7 @@ engine::engine(engine_options opts) : impl_(std::make_unique<impl>()) {
       return v && v->is_string() ? std::string(v->as_string()) : def;
     };
     const auto* enable = o.if_contains("enable_kv_cache_events");
-    events = enable && enable->is_bool() && enable->as_bool();
+    events = im.opts.sglang || (enable && enable->is_bool() && enable->as_bool());
     if (events && str("publisher", "zmq") != "zmq") {
       error_ = "--kv-events-config: only the zmq publisher is simulated";
       return;
@@ -132,10 +132,10 @@ engine::engine(engine_options opts) : impl_(std::make_unique<impl>()) {
     pc.topic = str("topic", "");
     if (const auto* b = o.if_contains("buffer_steps"); b && b->is_int64())
       pc.buffer_steps = static_cast<std::size_t>(b->as_int64());
-    pc.shape = im.opts.event_shape;
+    pc.shape = im.opts.sglang ? wire::event_shape::sglang : im.opts.event_shape;
   }
   bool matchable = im.opts.hash_algo == "sha256_cbor" && !im.opts.seed.empty();
-  if (!matchable)
+  if (!matchable && !im.opts.sglang) // SGLang's page ids are its own whatever the flags
     LLMGW_LOG(warning, "llmgw-sim",
               "block hashes cannot be reproduced outside this engine ({}): start it with "
               "PYTHONHASHSEED set and --prefix-caching-hash-algo sha256_cbor",

@@ -30,6 +30,10 @@ struct engine_options {
   std::string seed;                 ///< PYTHONHASHSEED ("" : unset)
   bool int_hashes = true;
   wire::event_shape event_shape = wire::event_shape::map;
+  /// --sim-as sglang: publish SGLang's stream (sim_sglang.hpp), enable
+  /// events whenever --kv-events-config is given (SGLang has no enable
+  /// field), bind for 0.0.0.0 as SGLang does, and serve no render routes.
+  bool sglang = false;
   std::string kv_events_config; ///< vLLM's --kv-events-config JSON, or ""
   std::size_t dp_size = 1;
   batch_options batch; ///< continuous batching and step time (sim_batch.hpp)

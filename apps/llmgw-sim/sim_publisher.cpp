@@ -30,7 +30,9 @@ publisher::publisher(publisher_config cfg) : cfg_(std::move(cfg)) {
     try {
       pub.set(zmq::sockopt::linger, 1000);
       pub.set(zmq::sockopt::sndhwm, 100000);
-      if (wire::publisher_binds(cfg_.endpoint))
+      bool sglang_binds = cfg_.shape == wire::event_shape::sglang
+                          && cfg_.endpoint.find("0.0.0.0") != std::string::npos;
+      if (wire::publisher_binds(cfg_.endpoint) || sglang_binds)
         pub.bind(cfg_.endpoint);
       else
         pub.connect(cfg_.endpoint);
@@ -109,6 +111,10 @@ publisher::~publisher() {
 }
 
 void publisher::publish(std::vector<wire::kv_event> events) {
+  if (cfg_.shape == wire::event_shape::sglang) {
+    std::lock_guard<std::mutex> g(convert_mtx_);
+    events = sglang_.convert(events);
+  }
   if (events.empty())
     return;
   wire::event_batch b;

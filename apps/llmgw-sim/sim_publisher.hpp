@@ -4,9 +4,11 @@
 // payload], and a ROUTER at the replay endpoint answering a DEALER's
 // ["", start seq] with [topic, seq, payload] for every buffered batch from
 // start on, then ["", ff x 8, ""]. One thread owns both sockets; publish()
-// only queues.
+// only queues. With shape sglang, each batch is first rewritten as SGLang
+// publishes it (sim_sglang.hpp), and the PUB also binds for 0.0.0.0.
 #pragma once
 
+#include "apps/llmgw-sim/sim_sglang.hpp"
 #include "wire/kv_events.hpp"
 
 #include <condition_variable>
@@ -55,6 +57,8 @@ private:
   std::deque<std::string> queue_; ///< encoded payloads
   std::uint64_t sent_ = 0;
   bool stop_ = false;
+  std::mutex convert_mtx_;
+  sglang_stream sglang_; ///< shape sglang: the rank's pages, by the cache's keys
   std::thread thread_;
 };
 

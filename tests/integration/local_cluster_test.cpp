@@ -73,6 +73,8 @@ enum class engines {
   launched,      ///< by the agents, as the sample says
   vllm_defaults, ///< by the operator (the test) at vLLM's defaults: each
                  ///< binds tcp://*:PORT, hashes with sha256, no PYTHONHASHSEED
+  sglang,        ///< by the operator, as SGLang (llmgw-sim --sim-as sglang):
+                 ///< its publisher binds, its own page ids, engine = "sglang"
 };
 
 /// The sample topology in a fresh folder, on free ports.
@@ -107,8 +109,8 @@ struct local_cluster {
       engine_ports.push_back(test::free_port());
       replace_all(text, std::string("{") + p + "}", std::to_string(engine_ports.back()));
     }
-    if (how == engines::vllm_defaults)
-      attach_at_vllms_defaults(text);
+    if (how != engines::launched)
+      attach_at_defaults(text, how == engines::sglang);
     std::ofstream(dir + "/cluster.toml") << text;
     gateway = "http://127.0.0.1:" + std::to_string(http);
     if (!start)
@@ -125,18 +127,23 @@ struct local_cluster {
   /// Each engine's launch command becomes an engine the test starts the way
   /// an operator starts vLLM (its publisher binding, its own hashes), and
   /// the topology names where its publisher is.
-  void attach_at_vllms_defaults(std::string& text) {
+  /// (SGLang: the same, its own stream and flags, and `engine = "sglang"`.)
+  void attach_at_defaults(std::string& text, bool sglang) {
     for (auto at = text.find("launch = ["); at != std::string::npos; at = text.find("launch = [")) {
       auto end = text.find("]\n", at) + 2;
       auto argv = quoted_strings(text.substr(at, end - at));
       auto events = test::free_port();
-      text.replace(at, end - at, "events = \"tcp://127.0.0.1:" + std::to_string(events) + "\"\n");
+      text.replace(at, end - at,
+                   "events = \"tcp://127.0.0.1:" + std::to_string(events) + "\"\n"
+                     + (sglang ? "engine = \"sglang\"\n" : ""));
       argv.at(0) = LLMGW_SIM;
-      // vLLM's default has no render endpoints.
+      // vLLM's default has no render endpoints; SGLang has none at all.
       argv.erase(std::remove(argv.begin(), argv.end(), "--enable-scale-out"), argv.end());
-      json::object cfg{{"enable_kv_cache_events", true},
-                       {"publisher", "zmq"},
-                       {"endpoint", "tcp://*:" + std::to_string(events)}};
+      json::object cfg{{"publisher", "zmq"}, {"endpoint", "tcp://*:" + std::to_string(events)}};
+      if (sglang)
+        argv.insert(argv.end(), {"--sim-as", "sglang", "--page-size", "16"});
+      else
+        cfg["enable_kv_cache_events"] = true;
       argv.insert(argv.end(), {"--kv-events-config", json::serialize(cfg)});
       // vLLM's default hash algorithm and no PYTHONHASHSEED: hashes nobody
       // outside the engine can reproduce.
@@ -277,12 +284,10 @@ TEST(local_cluster, routes_exactly_streams_in_order_and_survives_a_killed_engine
   EXPECT_NE(after.headers["x-llmgw-replica"], replica);
 }
 
-// A fleet as operators run vLLM: every engine started by the operator at
-// vLLM's defaults (its publisher binds, it hashes with sha256 over pickle),
-// the agents connecting to them. Routing by KV events works as for
-// launched engines: the agents key the blocks by the cluster's hash.
-TEST(local_cluster, engines_at_vllms_defaults_are_routed_by_their_kv_events) {
-  local_cluster c(true, false, engines::vllm_defaults);
+/// What a fleet of attached engines whose hashes are their own must show:
+/// a prompt's blocks keyed by translation, trusted, and routed by tier kv to
+/// the engine that then finds them cached.
+void expect_routed_by_translated_events(local_cluster& c) {
   ASSERT_EQ(c.attached.size(), 4u);
   http_client http;
   json::object body{
@@ -339,6 +344,15 @@ TEST(local_cluster, engines_at_vllms_defaults_are_routed_by_their_kv_events) {
     << metrics;
   EXPECT_NE(metrics.find("llmgw_kv_hash_mismatch" + labels + " 0\n"), std::string::npos);
   EXPECT_NE(metrics.find("llmgw_kv_blocks_translated_total" + labels + " "), std::string::npos);
+}
+
+// A fleet as operators run vLLM: every engine started by the operator at
+// vLLM's defaults (its publisher binds, it hashes with sha256 over pickle),
+// the agents connecting to them. Routing by KV events works as for
+// launched engines: the agents key the blocks by the cluster's hash.
+TEST(local_cluster, engines_at_vllms_defaults_are_routed_by_their_kv_events) {
+  local_cluster c(true, false, engines::vllm_defaults);
+  expect_routed_by_translated_events(c);
 
   // llmgw check says how each engine is reached.
   test::child_process check({LLMGW_BINARY, "check", "--config", c.dir + "/cluster.toml"});
@@ -346,6 +360,19 @@ TEST(local_cluster, engines_at_vllms_defaults_are_routed_by_their_kv_events) {
   EXPECT_EQ(check.wait(10s), std::optional<int>(0)) << out;
   EXPECT_NE(out.find("kv events: the agent connects to tcp://127.0.0.1:"), std::string::npos)
     << out;
+}
+
+// SGLang engines attached as deployed: their publishers bind, their pages
+// carry SGLang's own ids, one event a page. The agents decode SGLang's
+// stream and key the pages by the cluster's hash, so they are routed by
+// their KV events as vLLM's are.
+TEST(local_cluster, sglang_engines_are_routed_by_their_kv_events) {
+  local_cluster c(true, false, engines::sglang);
+  expect_routed_by_translated_events(c);
+  test::child_process check({LLMGW_BINARY, "check", "--config", c.dir + "/cluster.toml"});
+  auto out = check.read_stdout_all(10s);
+  EXPECT_EQ(check.wait(10s), std::optional<int>(0)) << out;
+  EXPECT_NE(out.find("SGLang must bind there"), std::string::npos) << out;
 }
 
 TEST(local_cluster, comes_up_when_the_control_node_has_an_admin_listener) {

@@ -81,3 +81,22 @@ TEST(engine_gauges, bad_bodies_say_what_and_where) {
     EXPECT_NE(g.err().message.find(b.says), std::string::npos) << g.err().message;
   }
 }
+
+TEST(engine_gauges, sglangs_names_are_read_alike) {
+  // SGLang with --enable-metrics, two DP ranks (its labels).
+  auto g = read_engine_gauges(
+    R"(# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{dp_rank="0",engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 2.0
+sglang:num_running_reqs{dp_rank="1",engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 1.0
+sglang:num_queue_reqs{dp_rank="0",engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 4.0
+sglang:num_queue_reqs{dp_rank="1",engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 0.0
+sglang:token_usage{dp_rank="0",engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 0.5
+sglang:token_usage{dp_rank="1",engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 0.1
+sglang:cache_hit_rate{dp_rank="0",model_name="m"} 0.9
+)");
+  ASSERT_TRUE(g) << g.err().message;
+  EXPECT_EQ(g->running, 3u);
+  EXPECT_EQ(g->waiting, 4u);
+  EXPECT_DOUBLE_EQ(g->kv_usage, 0.3);
+  EXPECT_EQ(g->ranks, 2u);
+}

@@ -1,6 +1,7 @@
 // SGLang's KV events: the streams its own publisher and event code wrote
 // (golden/sglang-captures/), decoded exactly, written again byte for byte,
 // and keyed by the cluster's hash as the router hashes the same prompts.
+#include "apps/llmgw-sim/sim_sglang.hpp"
 #include "kv/block_table.hpp"
 #include "tests/support/captures.hpp"
 #include "wire/block_hash.hpp"
@@ -207,4 +208,88 @@ TEST(sglang_captures, another_page_size_is_refused_naming_sglangs_flag) {
   EXPECT_EQ(c.untranslated, c.stored);
   EXPECT_NE(table.parity_message().find("start it with --page-size 32"), std::string::npos)
     << table.parity_message();
+}
+
+TEST(sglang_sim, page_ids_are_sglangs_own) {
+  // llmgw-sim's SGLang ids against the ids SGLang's code gave the recorded
+  // prompts, salted chain included.
+  auto doc = capture("G1_basic.json");
+  wire::sha256 sha;
+  for (const auto& r : doc.at("requests").as_array()) {
+    auto tokens = tokens_of(r);
+    auto salt = salt_of(r);
+    std::optional<wire::digest> prior;
+    if (salt)
+      prior = sim::sglang_salt_root(sha, *salt);
+    const auto& want = r.at("sglang_block_ids").as_array();
+    ASSERT_EQ(want.size(), tokens.size() / 16);
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      auto d = sim::sglang_page_digest(sha, prior ? &*prior : nullptr, tokens.data() + i * 16, 16);
+      EXPECT_EQ(sim::sglang_page_id(d),
+                static_cast<wire::block_key>(want[i].to_number<std::int64_t>()))
+        << "page " << i;
+      prior = d;
+    }
+  }
+}
+
+TEST(sglang_sim, its_stream_is_keyed_by_the_router_as_vllms_is) {
+  // The simulated cache's own (vLLM-shaped) events for a salted prompt and
+  // a plain one, a host copy and removals, rewritten as SGLang publishes
+  // them, encoded, decoded as SGLang's and translated: the router's keys.
+  wire::block_hasher own("engine-seed", 16);
+  std::vector<std::uint32_t> tokens(48);
+  for (std::size_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = static_cast<std::uint32_t>(i * 7 + 1);
+  auto vllm_store = [&](const wire::extra_key_recipe& recipe, const char* medium) {
+    wire::kv_event ev;
+    ev.kind = wire::event_kind::block_stored;
+    ev.block_size = 16;
+    ev.medium = medium;
+    ev.cache_salt = recipe.cache_salt;
+    for (const auto& b : own.hash(tokens, recipe))
+      ev.block_hashes.push_back({b.key, 0, {}});
+    ev.token_ids = tokens;
+    return ev;
+  };
+  wire::extra_key_recipe salted;
+  salted.cache_salt = "t1";
+  sim::sglang_stream stream;
+  kv::block_table table(kv::parity_config{"0", 16, true, "--page-size"});
+  auto send = [&](std::vector<wire::kv_event> evs) {
+    wire::event_batch b;
+    b.events = stream.convert(evs);
+    b.data_parallel_rank = 0;
+    auto decoded = wire::decode_batch(wire::encode_batch(b, wire::event_shape::sglang), {},
+                                      wire::event_dialect::sglang);
+    ASSERT_TRUE(decoded) << decoded.err().message;
+    table.apply(*decoded);
+  };
+  send({vllm_store({}, "GPU"), vllm_store(salted, "GPU")});
+  auto cpu = vllm_store({}, "CPU");
+  cpu.token_ids.clear(); // vLLM's host copies carry no tokens; SGLang's do
+  send({cpu});
+  EXPECT_EQ(table.parity(), kv::parity_state::translated) << table.parity_message();
+  std::set<kv::block_ref> want;
+  wire::block_hasher router("0", 16);
+  for (const auto& b : router.hash(tokens)) {
+    want.insert({b.key, kv::medium::gpu});
+    want.insert({b.key, kv::medium::cpu});
+  }
+  for (const auto& b : router.hash(tokens, salted))
+    want.insert({b.key, kv::medium::gpu});
+  auto held = table.held();
+  EXPECT_EQ(std::set<kv::block_ref>(held.begin(), held.end()), want);
+  // The plain prompt's GPU blocks go; its host copies and the salted chain stay.
+  wire::kv_event gone;
+  gone.kind = wire::event_kind::block_removed;
+  gone.medium = "GPU";
+  for (const auto& b : own.hash(tokens))
+    gone.block_hashes.push_back({b.key, 0, {}});
+  send({gone});
+  for (const auto& b : router.hash(tokens))
+    want.erase({b.key, kv::medium::gpu});
+  held = table.held();
+  EXPECT_EQ(std::set<kv::block_ref>(held.begin(), held.end()), want);
+  EXPECT_EQ(stream.pages(), 6u) << "three host copies and three salted pages";
 }
