@@ -299,6 +299,9 @@ private:
         continue;
       if (dialect_ == event_dialect::sglang && ev.kind == event_kind::block_stored)
         sglang_extra_keys(ev);
+      if (dialect_ == event_dialect::trtllm && ev.kind == event_kind::block_stored
+          && !ev.extra_keys)
+        trtllm_extra_keys(ev);
       batch_.events.push_back(std::move(ev));
     }
     return true;
@@ -546,7 +549,7 @@ private:
       out.digest_size = 0;
       return true;
     }
-    if (obj.type == msgpack::type::NEGATIVE_INTEGER && dialect_ == event_dialect::sglang) {
+    if (obj.type == msgpack::type::NEGATIVE_INTEGER && dialect_ != event_dialect::vllm) {
       out.key = static_cast<block_key>(obj.via.i64);
       out.digest_size = 0;
       return true;
@@ -561,11 +564,10 @@ private:
       out.key = key_of_digest(out.digest.data(), size);
       return true;
     }
-    return fail(
-      errc::bad_hash,
-      fmt::format("expected {} or a 16/32-byte bin, got {}",
-                  dialect_ == event_dialect::sglang ? "an integer" : "an unsigned integer",
-                  type_name(obj)));
+    return fail(errc::bad_hash,
+                fmt::format("expected {} or a 16/32-byte bin, got {}",
+                            dialect_ != event_dialect::vllm ? "an integer" : "an unsigned integer",
+                            type_name(obj)));
   }
 
   bool hash_list(const msgpack::object& obj, std::vector<block_hash>& out) {
@@ -678,6 +680,16 @@ private:
     std::vector<block_extra> extra(ev.block_hashes.size());
     if (ev.cache_salt && !ev.parent_block_hash && !extra.empty())
       extra[0] = std::vector<extra_item>{extra_item::of_text(*ev.cache_salt)};
+    ev.extra_keys = std::move(extra);
+  }
+
+  /// TensorRT-LLM's blocks: the LoRA name on each, if any (as vLLM hashes
+  /// an adapter's blocks), nothing else.
+  static void trtllm_extra_keys(kv_event& ev) {
+    std::vector<block_extra> extra(ev.block_hashes.size());
+    if (ev.lora_name)
+      for (auto& e : extra)
+        e = std::vector<extra_item>{extra_item::of_text(*ev.lora_name)};
     ev.extra_keys = std::move(extra);
   }
 

@@ -132,8 +132,12 @@ struct decode_limits {
 };
 
 /// Whose publisher wrote a payload: the batch is the same, the events differ.
-/// TensorRT-LLM writes vLLM's map shape.
-enum class event_dialect : std::uint8_t { vllm, sglang };
+/// TensorRT-LLM writes vLLM's map shape, and its hashes may be signed (as
+/// Dynamo's publisher for it writes them); it publishes no extra keys (its
+/// own hash mixes the LoRA and a salt it does not publish): the decoder
+/// gives each stored block none, or the LoRA name when one is named, as
+/// vLLM would hash them.
+enum class event_dialect : std::uint8_t { vllm, sglang, trtllm };
 
 /// Decodes one payload. On error, nothing of the batch is returned and the
 /// message says what was wrong and at which event and field.

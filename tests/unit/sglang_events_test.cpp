@@ -8,6 +8,7 @@
 #include "wire/kv_events.hpp"
 
 #include <boost/json.hpp>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <set>
@@ -292,4 +293,47 @@ TEST(sglang_sim, its_stream_is_keyed_by_the_router_as_vllms_is) {
   held = table.held();
   EXPECT_EQ(std::set<kv::block_ref>(held.begin(), held.end()), want);
   EXPECT_EQ(stream.pages(), 6u) << "three host copies and three salted pages";
+}
+
+TEST(trtllm_events, signed_hashes_and_no_extra_keys_are_keyed_as_vllm_would_hash_them) {
+  // TensorRT-LLM's map shape: {"type": "BlockStored", "block_hashes": [-5],
+  //  "parent_block_hash": nil, "token_ids": [16 tokens], "block_size": 16,
+  //  "lora_id": nil, "medium": "GPU", "lora_name": nil, "mm_keys": []}
+  std::string tokens = "dc0010";
+  std::vector<std::uint32_t> ids;
+  for (std::uint32_t t = 1; t <= 16; ++t) {
+    tokens += fmt::format("{:02x}", t);
+    ids.push_back(t);
+  }
+  auto payload = from_hex("93cb3ff8000000000000"
+                          "91"
+                          "89"
+                          "a474797065ab426c6f636b53746f726564"
+                          "ac626c6f636b5f686173686573"
+                          "91fb"
+                          "b1706172656e745f626c6f636b5f68617368"
+                          "c0"
+                          "a9746f6b656e5f696473"
+                          + tokens
+                          + "aa626c6f636b5f73697a65"
+                            "10"
+                            "a76c6f72615f6964"
+                            "c0"
+                            "a66d656469756d"
+                            "a3475055"
+                            "a96c6f72615f6e616d65"
+                            "c0"
+                            "a76d6d5f6b657973"
+                            "90"
+                            "00");
+  ASSERT_FALSE(wire::decode_batch(payload)) << "vLLM's hashes are unsigned";
+  auto b = wire::decode_batch(payload, {}, wire::event_dialect::trtllm);
+  ASSERT_TRUE(b) << b.err().message;
+  kv::block_table table(kv::parity_config{"0", 16, true, "kv_cache_config.tokens_per_block"});
+  auto c = table.apply(*b);
+  EXPECT_EQ(c.translated, 1u);
+  EXPECT_EQ(table.parity(), kv::parity_state::translated) << table.parity_message();
+  auto held = table.held();
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_EQ(held[0].key, wire::block_hasher("0", 16).hash(ids).at(0).key);
 }
