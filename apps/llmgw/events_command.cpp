@@ -45,6 +45,7 @@ struct events_options {
   std::string connect;
   std::string replay;
   std::string topic;
+  std::string engine = "vllm"; ///< whose stream: vllm, sglang, trtllm
   int replay_timeout_ms = 1000;
 };
 
@@ -118,6 +119,9 @@ int run_events(const events_options& opts) {
   kv::event_stream::config cfg;
   cfg.replay_available = socket.has_replay();
   cfg.replay_timeout = std::chrono::milliseconds(opts.replay_timeout_ms);
+  cfg.dialect = opts.engine == "sglang"   ? wire::event_dialect::sglang
+                : opts.engine == "trtllm" ? wire::event_dialect::trtllm
+                                          : wire::event_dialect::vllm;
   kv::event_stream stream(cfg);
   kv_event_socket::handlers handlers;
   handlers.act = [](kv::stream_action& a) {
@@ -153,6 +157,9 @@ void add_events_command(CLI::App& app, int& exit_code) {
 
   cmd->add_option("--replay", opts->replay, "the engine's replay endpoint, to fill gaps");
   cmd->add_option("--topic", opts->topic, "topic to subscribe to (default: all)");
+  cmd->add_option("--engine", opts->engine, "whose stream it is: vllm, sglang or trtllm")
+    ->check(CLI::IsMember({"vllm", "sglang", "trtllm"}))
+    ->capture_default_str();
   cmd
     ->add_option("--replay-timeout-ms", opts->replay_timeout_ms,
                  "how long to wait for the replay endpoint")

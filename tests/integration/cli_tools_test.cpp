@@ -28,8 +28,11 @@ struct capture_frame {
   std::string payload;
 };
 
+/// A capture's frames: vLLM's by name, or any recording by its path.
 std::vector<capture_frame> load_frames(const std::string& name) {
-  auto doc = llmgw::test::read_json(llmgw::test::capture_path(name));
+  auto doc =
+    llmgw::test::read_json(name.find('/') == std::string::npos ? llmgw::test::capture_path(name)
+                                                               : llmgw::test::source_path(name));
   std::vector<capture_frame> out;
   for (const auto& f : doc.at("frames").as_array())
     out.push_back({llmgw::test::from_hex(json::value_to<std::string>(f.at("topic_hex"))),
@@ -222,6 +225,35 @@ TEST(llmgw_events, connects_to_an_engine_that_binds) {
   auto err = wildcard.read_stderr_all(10s);
   EXPECT_EQ(wildcard.wait(10s), 2);
   EXPECT_NE(err.find("'*' is where it binds, not where to reach it"), std::string::npos) << err;
+}
+
+// An SGLang engine's stream, decoded as SGLang's: its signed page ids
+// printed as the keys llmgw knows them by.
+TEST(llmgw_events, reads_an_sglang_engines_stream) {
+  auto frames = load_frames("golden/sglang-captures/G1_basic.json");
+  zmq::context_t ctx;
+  zmq::socket_t pub(ctx, zmq::socket_type::xpub);
+  pub.set(zmq::sockopt::linger, 1000);
+  pub.set(zmq::sockopt::rcvtimeo, 10000);
+  pub.bind("tcp://127.0.0.1:*");
+  std::string endpoint = pub.get(zmq::sockopt::last_endpoint);
+  child_process proc({LLMGW_BINARY, "events", "--connect", endpoint, "--engine", "sglang"});
+  ASSERT_TRUE(proc.read_stderr_line(10s));
+  zmq::message_t sub;
+  ASSERT_TRUE(pub.recv(sub)) << "llmgw events subscribed";
+  auto seq = llmgw::wire::encode_seq(0);
+  std::array<zmq::const_buffer, 3> parts = {zmq::buffer(frames[1].topic), zmq::buffer(seq),
+                                            zmq::buffer(frames[1].payload)};
+  zmq::send_multipart(pub, parts);
+  auto want = llmgw::wire::decode_batch(frames[1].payload, {}, llmgw::wire::event_dialect::sglang);
+  ASSERT_TRUE(want) << want.err().message;
+  auto lines = read_json_lines(proc, want->events.size());
+  ASSERT_EQ(lines.size(), want->events.size());
+  EXPECT_EQ(json::value_to<std::string>(lines[0].at("type")), "BlockStored");
+  EXPECT_EQ(u64(lines[0].at("block_hashes").at(0)), want->events[0].block_hashes[0].key);
+  EXPECT_EQ(u64(lines[0].at("parent_block_hash")), want->events[0].parent_block_hash->key);
+  proc.signal(SIGTERM);
+  EXPECT_EQ(proc.wait(5s), 0);
 }
 
 TEST(llmgw_events, fills_a_gap_from_the_replay_endpoint) {
