@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
     "--policies", policies,
     "round-robin, least-outstanding, session-hash, llmgw-tier1, llmgw (default: these), "
     "llmgw-attached (llmgw with every engine started at vLLM's defaults and subscribed where it "
-    "binds)");
+    "binds), llmgw-sglang (the same with every engine an SGLang: llmgw-sim --sim-as sglang)");
   routing->add_option("--seed", seed, "the workload's seed")->capture_default_str();
   routing
     ->add_option("--time-scale", time_scale,

@@ -62,6 +62,7 @@ enum class policy {
   llmgw_tier1,
   llmgw,
   llmgw_attached, ///< llmgw, every engine started by the operator at vLLM's defaults
+  llmgw_sglang,   ///< the same with every engine an SGLang (llmgw-sim --sim-as sglang)
 };
 
 const char* name_of(policy p) {
@@ -78,12 +79,15 @@ const char* name_of(policy p) {
     return "llmgw";
   case policy::llmgw_attached:
     return "llmgw-attached";
+  case policy::llmgw_sglang:
+    return "llmgw-sglang";
   }
   return "?";
 }
 
 bool through_gateway(policy p) {
-  return p == policy::llmgw_tier1 || p == policy::llmgw || p == policy::llmgw_attached;
+  return p == policy::llmgw_tier1 || p == policy::llmgw || p == policy::llmgw_attached
+         || p == policy::llmgw_sglang;
 }
 
 struct scenario {
@@ -207,8 +211,9 @@ struct cluster : up_cluster {
 /// not come up.
 bool start_cluster(const scenario& sc, policy p, const engine_rates& rates, bool engine_load,
                    cluster& c, std::string& error) {
-  bool events = p == policy::llmgw || p == policy::llmgw_attached;
-  bool attached = p == policy::llmgw_attached;
+  bool sglang = p == policy::llmgw_sglang;
+  bool attached = p == policy::llmgw_attached || sglang;
+  bool events = p == policy::llmgw || attached;
   std::ostringstream t;
   t << "[cluster]\nname = \"bench\"\nhash_seed = \"0\"\nblock_size = 16\nflush_interval_ms = 50\n\n"
     << "[tls]\nca = \"certs/ca.pem\"\n\n"
@@ -233,36 +238,41 @@ bool start_cluster(const scenario& sc, policy p, const engine_rates& rates, bool
     if (attached) {
       // As an operator starts vLLM: its publisher binds tcp://*:PORT, it
       // hashes with its default sha256, PYTHONHASHSEED unset; the agent
-      // connects and keys the blocks by the cluster's hash.
+      // connects and keys the blocks by the cluster's hash. (SGLang: the
+      // same, with SGLang's stream and page ids.)
       auto events_port = free_port();
       t << fmt::format("[[node.engine]]\nreplica = \"e{}\"\nmodel = \"bench\"\nurl = "
                        "\"http://127.0.0.1:{}\"\nkv_events = true\nevents = "
-                       "\"tcp://127.0.0.1:{}\"\n\n",
-                       i, port, events_port);
+                       "\"tcp://127.0.0.1:{}\"\n{}\n",
+                       i, port, events_port, sglang ? "engine = \"sglang\"\n" : "");
       auto sim = (fs::path(exe_dir()).parent_path() / "apps" / "llmgw-sim").string();
-      auto pid = spawn({sim,
-                        "serve",
-                        "bench",
-                        "--port",
-                        std::to_string(port),
-                        "--num-gpu-blocks",
-                        std::to_string(sc.gpu_blocks),
-                        "--max-model-len",
-                        "65536",
-                        "--enable-prompt-tokens-details",
-                        "--sim-step-ms",
-                        fmt::format("{}", rates.step_ms()),
-                        "--sim-us-per-token",
-                        fmt::format("{}", rates.us_per_token()),
-                        "--sim-ns-per-context-token",
-                        fmt::format("{}", rates.ns_per_context_token()),
-                        "--prefix-caching-hash-algo",
-                        "sha256",
-                        "--kv-events-config",
-                        fmt::format("{{\"enable_kv_cache_events\": true, \"publisher\": "
-                                    "\"zmq\", \"endpoint\": \"tcp://*:{}\"}}",
-                                    events_port)},
-                       fmt::format("/tmp/llmgw-bench-sim-{}.log", port), true);
+      std::vector<std::string> as;
+      if (sglang)
+        as = {"--sim-as", "sglang", "--page-size", "16"};
+      auto argv = std::vector<std::string>{
+        sim,
+        "serve",
+        "bench",
+        "--port",
+        std::to_string(port),
+        "--num-gpu-blocks",
+        std::to_string(sc.gpu_blocks),
+        "--max-model-len",
+        "65536",
+        "--enable-prompt-tokens-details",
+        "--sim-step-ms",
+        fmt::format("{}", rates.step_ms()),
+        "--sim-us-per-token",
+        fmt::format("{}", rates.us_per_token()),
+        "--sim-ns-per-context-token",
+        fmt::format("{}", rates.ns_per_context_token()),
+        "--prefix-caching-hash-algo",
+        "sha256",
+        "--kv-events-config",
+        fmt::format("{{{}\"publisher\": \"zmq\", \"endpoint\": \"tcp://*:{}\"}}",
+                    sglang ? "" : "\"enable_kv_cache_events\": true, ", events_port)};
+      argv.insert(argv.end(), as.begin(), as.end());
+      auto pid = spawn(argv, fmt::format("/tmp/llmgw-bench-sim-{}.log", port), true);
       if (pid == 0) {
         error = "cannot start " + sim;
         return false;
@@ -601,8 +611,8 @@ int run_routing_bench(const std::vector<std::string>& scenarios,
                       double time_scale, double load, bool engine_load) {
   std::vector<policy> ps;
   for (auto p : {policy::round_robin, policy::least_outstanding, policy::session_hash,
-                 policy::llmgw_tier1, policy::llmgw, policy::llmgw_attached})
-    if ((policies.empty() && p != policy::llmgw_attached)
+                 policy::llmgw_tier1, policy::llmgw, policy::llmgw_attached, policy::llmgw_sglang})
+    if ((policies.empty() && p != policy::llmgw_attached && p != policy::llmgw_sglang)
         || std::find(policies.begin(), policies.end(), name_of(p)) != policies.end())
       ps.push_back(p);
   engine_rates rates;
@@ -635,8 +645,9 @@ int run_routing_bench(const std::vector<std::string>& scenarios,
         continue;
       }
       auto rs = run_workload(work, p, c, sc);
-      auto accuracy =
-        p == policy::llmgw || p == policy::llmgw_attached ? index_accuracy(c) : std::string{};
+      auto accuracy = p == policy::llmgw || p == policy::llmgw_attached || p == policy::llmgw_sglang
+                        ? index_accuracy(c)
+                        : std::string{};
       c.stop();
       auto s = summarize(p, rs, sc.engines);
       fmt::print("  {:<18} {:>7.3f} {:>8.0f} {:>9.0f} {:>9.0f} {:>9.2f} {:>7.2f} {:>7} {:>6}{}\n",
