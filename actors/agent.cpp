@@ -263,9 +263,7 @@ agent_engine start_engine(caf::actor_system& sys, const agent_config& cfg,
     opts.replica = e.replica;
     opts.topic = e.topic;
     opts.replay = replay[r];
-    opts.dialect = e.kind == config::engine_kind::sglang   ? wire::event_dialect::sglang
-                   : e.kind == config::engine_kind::trtllm ? wire::event_dialect::trtllm
-                                                           : wire::event_dialect::vllm;
+    opts.dialect = config::dialect_of(e.kind);
     if (!replay_moves.empty())
       opts.replay_moves = replay_moves[r];
     // The replay address is known only now (it follows the events socket).

@@ -2,6 +2,8 @@
 
 #include <boost/json.hpp>
 
+#include <cstdlib>
+
 namespace llmgw::config {
 
 namespace {
@@ -38,6 +40,8 @@ std::string kv_events_config_json(const engine_launch_options& opts) {
 }
 
 engine_launch make_engine_launch(const engine_launch_options& opts) {
+  if (opts.kind == engine_kind::trtllm)
+    std::abort(); // the topology refuses to launch it: its block size is YAML, not a flag
   engine_launch launch;
   launch.argv = opts.command;
   if (opts.kind == engine_kind::vllm) {

@@ -36,7 +36,8 @@ struct engine_launch {
 struct engine_launch_options {
   std::vector<std::string> command; ///< the operator's command line
   /// vLLM, or SGLang (--page-size for the block size, no hash algorithm to
-  /// choose: its page ids are translated).
+  /// choose: its page ids are translated). Never TensorRT-LLM, which llmgw
+  /// does not launch (the topology refuses it).
   engine_kind kind = engine_kind::vllm;
   std::string seed;           ///< PYTHONHASHSEED
   std::size_t block_size = 0; ///< --block-size (0: the command's own)

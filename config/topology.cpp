@@ -60,9 +60,21 @@ const char* block_size_flag(engine_kind kind) noexcept {
   case engine_kind::sglang:
     return "--page-size";
   case engine_kind::trtllm:
-    return "kv_cache_config.tokens_per_block";
+    return "kv_cache_config.tokens_per_block:";
   }
   return "--block-size";
+}
+
+wire::event_dialect dialect_of(engine_kind kind) noexcept {
+  switch (kind) {
+  case engine_kind::vllm:
+    return wire::event_dialect::vllm;
+  case engine_kind::sglang:
+    return wire::event_dialect::sglang;
+  case engine_kind::trtllm:
+    return wire::event_dialect::trtllm;
+  }
+  return wire::event_dialect::vllm;
 }
 
 std::vector<std::string> events_notes(const engine_spec& e) {
@@ -75,9 +87,9 @@ std::vector<std::string> events_notes(const engine_spec& e) {
     if (e.kind == engine_kind::sglang)
       out.push_back(fmt::format(
         "kv events: the agent connects to {}{}; SGLang must bind there, as it does for its "
-        "default endpoint tcp://*:5557 and for tcp://0.0.0.0:PORT (tcp://127.0.0.1:5557 makes "
-        "it connect out instead, and nothing arrives); under attention DP the port is offset "
-        "by the attention-DP rank, else by the DP rank",
+        "default endpoint tcp://*:5557 and, since 2026, for tcp://0.0.0.0:PORT "
+        "(tcp://127.0.0.1:5557 makes it connect out instead, and nothing arrives); under "
+        "attention DP the port is offset by the attention-DP rank, else by the DP rank",
         e.events, ranks));
     else if (e.kind == engine_kind::trtllm)
       out.push_back(fmt::format(
@@ -107,6 +119,12 @@ std::vector<std::string> events_notes(const engine_spec& e) {
       "not meet the agent: for an engine that binds, set events = \"tcp://HOST:PORT\")",
       e.events_port, ranks, e.events_port));
   }
+  if (e.kind != engine_kind::vllm && !e.lora.empty())
+    out.push_back(fmt::format(
+      "warning: {} publishes no LoRA adapter with its blocks: {}'s adapter blocks are keyed as "
+      "its base model's, and the router may predict hits for base-model prompts there that "
+      "the engine does not have (docs/vllm.md, \"Other engines\")",
+      to_string(e.kind), e.replica));
   if (!e.replay_endpoint.empty()) {
     auto at = wire::parse_tcp_endpoint(e.replay_endpoint);
     if (at && !wire::is_loopback(at->host))

@@ -22,6 +22,8 @@
 // deploy/ has commented examples.
 #pragma once
 
+#include "wire/kv_events.hpp"
+
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -37,7 +39,6 @@ namespace llmgw::config {
 bool serves(const std::string& model, const std::vector<std::string>& lora,
             const std::string& name);
 
-/// One engine (one vLLM server, possibly with data-parallel ranks).
 /// Whose engine it is: how its events are encoded, which flags set its
 /// block size, what its HTTP API has.
 enum class engine_kind : std::uint8_t { vllm, sglang, trtllm };
@@ -45,10 +46,16 @@ enum class engine_kind : std::uint8_t { vllm, sglang, trtllm };
 /// "vllm", "sglang", "trtllm".
 const char* to_string(engine_kind kind) noexcept;
 
-/// The flag (or setting) that sets an engine's block size: --block-size,
-/// --page-size, tokens_per_block.
+/// How an engine of `kind` sets its block size, as a message completes it
+/// with the size ("start it with --page-size 16"): --block-size,
+/// --page-size, or TensorRT-LLM's YAML key.
 const char* block_size_flag(engine_kind kind) noexcept;
 
+/// The dialect its KV events are decoded in.
+wire::event_dialect dialect_of(engine_kind kind) noexcept;
+
+/// One engine (one vLLM, SGLang or TensorRT-LLM server, possibly with
+/// data-parallel ranks).
 struct engine_spec {
   std::string replica;                  ///< unique in the cluster
   engine_kind kind = engine_kind::vllm; ///< `engine = "vllm" | "sglang" | "trtllm"`

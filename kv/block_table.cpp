@@ -285,6 +285,12 @@ void block_table::translate_stored(const wire::kv_event& ev, medium where, apply
       if (!known(i))
         fallback(ev.block_hashes[i].key, counts);
   };
+  if (ev.unpublished_extras) {
+    // Only these blocks cannot be keyed (and their children, whose parent
+    // is then unknown): the engine's other blocks still can.
+    resolve_unhashed();
+    return;
+  }
   if (where != medium::gpu || ev.token_ids.empty()) {
     // Offloading tiers publish placeholders without tokens: only blocks
     // seen on the GPU can be keyed. A GPU store without tokens is an engine

@@ -293,15 +293,20 @@ private:
       pos_.event = i;
       kv_event ev;
       bool known = true;
+      unpublished_ = false;
       if (!decode_event(events.via.array.ptr[i], ev, known))
         return false;
+      ev.unpublished_extras = unpublished_;
       if (!known)
         continue;
       if (dialect_ == event_dialect::sglang && ev.kind == event_kind::block_stored)
         sglang_extra_keys(ev);
-      if (dialect_ == event_dialect::trtllm && ev.kind == event_kind::block_stored
-          && !ev.extra_keys)
-        trtllm_extra_keys(ev);
+      if (dialect_ == event_dialect::trtllm && ev.kind == event_kind::block_stored) {
+        if (ev.lora_id && !ev.lora_name)
+          ev.unpublished_extras = true; // an adapter named only by TensorRT-LLM's id
+        if (!ev.extra_keys)
+          trtllm_extra_keys(ev);
+      }
       batch_.events.push_back(std::move(ev));
     }
     return true;
@@ -356,8 +361,9 @@ private:
     kv_cache_spec_kind,
     kv_cache_spec_sliding_window,
     locality,
-    metadata,   ///< SGLang's arrays only: {"cache_salt": salt}
-    cache_salt, ///< SGLang's maps only
+    metadata,   ///< SGLang only: {"cache_salt": salt}
+    cache_salt, ///< SGLang only, its maps since 2026-09
+    mm_keys,    ///< TensorRT-LLM only: its multimodal keys
     unknown,
   };
 
@@ -374,8 +380,10 @@ private:
                                                 "kv_cache_spec_sliding_window",
                                                 "locality",
                                                 "metadata",
-                                                "cache_salt"};
-  static constexpr std::size_t sglang_only_fields = 2; // the last two names
+                                                "cache_salt",
+                                                "mm_keys"};
+  static_assert(std::size(field_names) == static_cast<std::size_t>(field::unknown),
+                "a name for every field");
 
   // Positional order of the array shape, after the tag.
   static constexpr field stored_fields[] = {field::block_hashes,
@@ -403,15 +411,17 @@ private:
   /// The field a map key names, if the event kind (in this dialect) has it.
   field field_of(std::string_view key, event_kind kind) const {
     field f = field::unknown;
-    auto names =
-      std::size(field_names) - (dialect_ == event_dialect::sglang ? 0 : sglang_only_fields);
-    for (std::size_t i = 0; i < names; ++i) {
+    for (std::size_t i = 0; i < std::size(field_names); ++i) {
       std::string_view name = field_names[i];
       if (key.size() == name.size() && key[0] == name[0] && key == name) {
         f = static_cast<field>(i);
         break;
       }
     }
+    bool sglang_only = f == field::metadata || f == field::cache_salt;
+    if ((sglang_only && dialect_ != event_dialect::sglang)
+        || (f == field::mm_keys && dialect_ != event_dialect::trtllm))
+      return field::unknown; // another engine's name: skipped like any unknown key
     if (kind == event_kind::block_removed && f != field::block_hashes && f != field::medium
         && f != field::group_idx && f != field::locality)
       return field::unknown; // a stored-only name on a removal is skipped like any unknown key
@@ -480,7 +490,9 @@ private:
       auto f = field_of(as_view(key), ev.kind);
       if (f == field::unknown)
         continue; // "type", and keys a newer vLLM may add
-      auto bit = 1u << static_cast<unsigned>(f);
+      // The salt has two names (SGLang's arrays' metadata map, its maps'
+      // field): both in one event is a salt given twice.
+      auto bit = 1u << static_cast<unsigned>(f == field::cache_salt ? field::metadata : f);
       if (seen & bit) {
         pos_.field = name_of(f);
         return fail(errc::bad_value, "key appears twice");
@@ -537,6 +549,11 @@ private:
       return metadata(obj, ev.cache_salt);
     case field::cache_salt:
       return optional_str(obj, ev.cache_salt);
+    case field::mm_keys:
+      if (obj.type != msgpack::type::NIL
+          && !(obj.type == msgpack::type::ARRAY && obj.via.array.size == 0))
+        unpublished_ = true; // keys the cluster's hash has no recipe for
+      return true;
     case field::unknown:
       break;
     }
@@ -588,12 +605,32 @@ private:
     if (obj.type != msgpack::type::ARRAY)
       return wrong_type(obj, "an array of token ids");
     const auto& arr = obj.via.array;
+    // An EAGLE engine's SGLang pages are bigram keys: pairs (t_i, t_i+1),
+    // each pair's second token the next pair's first.
+    const bool pairs =
+      dialect_ == event_dialect::sglang && arr.size > 0 && arr.ptr[0].type == msgpack::type::ARRAY;
     out.resize(arr.size);
     for (std::uint32_t i = 0; i < arr.size; ++i) {
       const auto* tp = &arr.ptr[i];
-      if (dialect_ == event_dialect::sglang && tp->type == msgpack::type::ARRAY
-          && tp->via.array.size == 2)
-        tp = &tp->via.array.ptr[0]; // an EAGLE engine's bigram key: its first token
+      if (dialect_ == event_dialect::trtllm && tp->type == msgpack::type::STR) {
+        // A multimodal placeholder: the block's hash covers what no token says.
+        unpublished_ = true;
+        out.clear();
+        return true;
+      }
+      if (pairs) {
+        pos_.element = i;
+        if (tp->type != msgpack::type::ARRAY || tp->via.array.size != 2)
+          return wrong_type(*tp, "a token pair [t, next] like the page's first");
+        const auto& second = tp->via.array.ptr[1];
+        if (i + 1 < arr.size && arr.ptr[i + 1].type == msgpack::type::ARRAY
+            && arr.ptr[i + 1].via.array.size == 2
+            && (second.type != arr.ptr[i + 1].via.array.ptr[0].type
+                || second.via.u64 != arr.ptr[i + 1].via.array.ptr[0].via.u64))
+          return fail(errc::bad_value, "a token pair whose second token is not the next pair's "
+                                       "first");
+        tp = &tp->via.array.ptr[0];
+      }
       const auto& t = *tp;
       if (t.type != msgpack::type::POSITIVE_INTEGER || t.via.u64 > 0xffffffffu) {
         pos_.element = i;
@@ -748,6 +785,7 @@ private:
   }
 
   event_dialect dialect_;
+  bool unpublished_ = false; ///< the event being decoded: see kv_event::unpublished_extras
   event_batch batch_;
   position pos_;
   std::optional<error> error_;

@@ -106,6 +106,10 @@ struct kv_event {
   std::optional<std::int64_t> kv_cache_spec_sliding_window; ///< stored
   std::optional<std::string> locality;                      ///< stored, removed
   std::optional<std::string> cache_salt;                    ///< stored (SGLang's metadata)
+  /// Stored: the engine mixed into these blocks' hashes what it does not
+  /// publish (TensorRT-LLM: an adapter named only by its id, multimodal keys,
+  /// placeholder tokens as text); the cluster's keys for them are unknown.
+  bool unpublished_extras = false;
 
   /// The medium with vLLM's default applied: nil is "GPU".
   std::string_view medium_or_gpu() const noexcept;
@@ -133,10 +137,12 @@ struct decode_limits {
 
 /// Whose publisher wrote a payload: the batch is the same, the events differ.
 /// TensorRT-LLM writes vLLM's map shape, and its hashes may be signed (as
-/// Dynamo's publisher for it writes them); it publishes no extra keys (its
-/// own hash mixes the LoRA and a salt it does not publish): the decoder
-/// gives each stored block none, or the LoRA name when one is named, as
-/// vLLM would hash them.
+/// Dynamo's publisher for it writes them); it publishes no extra keys: the
+/// decoder gives each stored block none, or the LoRA name when one is
+/// named, as vLLM would hash them. What it mixes in without publishing (a
+/// LoRA id without a name, `mm_keys`, text placeholder tokens) marks the
+/// event's blocks `unpublished_extras`. Its cache salt is not published at
+/// all: a salted request's blocks look unsalted.
 enum class event_dialect : std::uint8_t { vllm, sglang, trtllm };
 
 /// Decodes one payload. On error, nothing of the batch is returned and the

@@ -131,6 +131,11 @@ int run(int argc, char** argv) {
   o.event_shape =
     shape == "array" ? llmgw::wire::event_shape::array : llmgw::wire::event_shape::map;
   o.sglang = as == "sglang";
+  if (o.sglang && o.event_churn > 0) {
+    fmt::print(stderr, "llmgw-sim: --sim-event-churn publishes blocks without tokens, which "
+                       "SGLang's stream cannot carry; not with --sim-as sglang\n");
+    return 2;
+  }
   if (o.sglang && o.enable_scale_out) {
     fmt::print(stderr, "llmgw-sim: --enable-scale-out is vLLM's; SGLang has no render routes\n");
     return 2;

@@ -122,8 +122,13 @@ engine::engine(engine_options opts) : impl_(std::make_unique<impl>()) {
       return v && v->is_string() ? std::string(v->as_string()) : def;
     };
     const auto* enable = o.if_contains("enable_kv_cache_events");
-    events = im.opts.sglang || (enable && enable->is_bool() && enable->as_bool());
-    if (events && str("publisher", "zmq") != "zmq") {
+    // SGLang publishes when its config names the zmq publisher (its
+    // default is "null"); vLLM when enabled, its publisher then zmq.
+    if (im.opts.sglang)
+      events = str("publisher", "null") == "zmq";
+    else
+      events = enable && enable->is_bool() && enable->as_bool();
+    if (!im.opts.sglang && events && str("publisher", "zmq") != "zmq") {
       error_ = "--kv-events-config: only the zmq publisher is simulated";
       return;
     }

@@ -86,12 +86,24 @@ publisher::publisher(publisher_config cfg) : cfg_(std::move(cfg)) {
           if (!start || seq < *start)
             continue;
           auto seq_bytes = wire::encode_seq(seq);
+          if (cfg_.shape == wire::event_shape::sglang) { // SGLang's replies name no topic
+            std::array<zmq::const_buffer, 4> parts = {client, zmq::buffer("", 0),
+                                                      zmq::buffer(seq_bytes), zmq::buffer(payload)};
+            zmq::send_multipart(router, parts);
+            continue;
+          }
           std::array<zmq::const_buffer, 5> parts = {client, zmq::buffer("", 0),
                                                     zmq::buffer(cfg_.topic), zmq::buffer(seq_bytes),
                                                     zmq::buffer(payload)};
           zmq::send_multipart(router, parts);
         }
         auto end = wire::encode_seq(~std::uint64_t{0});
+        if (cfg_.shape == wire::event_shape::sglang) {
+          std::array<zmq::const_buffer, 4> marker = {client, zmq::buffer("", 0), zmq::buffer(end),
+                                                     zmq::buffer("", 0)};
+          zmq::send_multipart(router, marker);
+          continue;
+        }
         std::array<zmq::const_buffer, 5> marker = {client, zmq::buffer("", 0), zmq::buffer("", 0),
                                                    zmq::buffer(end), zmq::buffer("", 0)};
         zmq::send_multipart(router, marker);
@@ -111,20 +123,19 @@ publisher::~publisher() {
 }
 
 void publisher::publish(std::vector<wire::kv_event> events) {
-  if (cfg_.shape == wire::event_shape::sglang) {
-    std::lock_guard<std::mutex> g(convert_mtx_);
-    events = sglang_.convert(events);
-  }
-  if (events.empty())
-    return;
-  wire::event_batch b;
-  b.ts = now_seconds();
-  b.events = std::move(events);
-  b.data_parallel_rank = cfg_.dp_rank;
-  auto payload = wire::encode_batch(b, cfg_.shape);
   {
+    // One lock from rewriting to queueing: batches from the engine and from
+    // the churn thread keep the order their rewrites assumed.
     std::lock_guard<std::mutex> g(mtx_);
-    queue_.push_back(std::move(payload));
+    if (cfg_.shape == wire::event_shape::sglang)
+      events = sglang_.convert(events);
+    if (events.empty())
+      return;
+    wire::event_batch b;
+    b.ts = now_seconds();
+    b.events = std::move(events);
+    b.data_parallel_rank = cfg_.dp_rank;
+    queue_.push_back(wire::encode_batch(b, cfg_.shape));
   }
   cv_.notify_all();
 }

@@ -5,7 +5,8 @@
 // ["", start seq] with [topic, seq, payload] for every buffered batch from
 // start on, then ["", ff x 8, ""]. One thread owns both sockets; publish()
 // only queues. With shape sglang, each batch is first rewritten as SGLang
-// publishes it (sim_sglang.hpp), and the PUB also binds for 0.0.0.0.
+// publishes it (sim_sglang.hpp), the PUB also binds for 0.0.0.0, and replay
+// replies carry no topic frame, as SGLang's.
 #pragma once
 
 #include "apps/llmgw-sim/sim_sglang.hpp"
@@ -57,8 +58,7 @@ private:
   std::deque<std::string> queue_; ///< encoded payloads
   std::uint64_t sent_ = 0;
   bool stop_ = false;
-  std::mutex convert_mtx_;
-  sglang_stream sglang_; ///< shape sglang: the rank's pages, by the cache's keys
+  sglang_stream sglang_; ///< shape sglang: the rank's pages, by the cache's keys (mtx_)
   std::thread thread_;
 };
 

@@ -1,7 +1,5 @@
 #include "apps/llmgw-sim/sim_sglang.hpp"
 
-#include <cstring>
-
 namespace llmgw::sim {
 
 wire::digest sglang_page_digest(wire::sha256& sha, const wire::digest* prior,
@@ -54,15 +52,16 @@ void sglang_stream::stored(const wire::kv_event& ev, std::vector<wire::kv_event>
   const page* parent = nullptr;
   if (ev.parent_block_hash) {
     auto it = pages_.find(ev.parent_block_hash->key);
-    if (it != pages_.end())
-      parent = &it->second;
+    if (it == pages_.end())
+      return; // a chain SGLang would not have: no id to give its pages
+    parent = &it->second;
   }
   for (std::size_t i = 0; i < n; ++i) {
     auto key = ev.block_hashes[i].key;
     auto it = pages_.find(key);
     if (it == pages_.end()) {
       if (!with_tokens)
-        continue; // a copy of a page never seen: SGLang would not have it either
+        return; // a copy of a page never seen, and its children: SGLang has none
       page p;
       p.tokens.assign(ev.token_ids.begin() + i * ev.block_size,
                       ev.token_ids.begin() + (i + 1) * ev.block_size);

@@ -15,6 +15,7 @@
 // "gap" line for the history before it (or for all of it, without
 // --replay). SIGINT/SIGTERM end it cleanly.
 #include "apps/llmgw/commands.hpp"
+#include "config/topology.hpp"
 #include "net/kv_event_socket.hpp"
 #include "wire/address.hpp"
 #include "wire/event_json.hpp"
@@ -119,9 +120,9 @@ int run_events(const events_options& opts) {
   kv::event_stream::config cfg;
   cfg.replay_available = socket.has_replay();
   cfg.replay_timeout = std::chrono::milliseconds(opts.replay_timeout_ms);
-  cfg.dialect = opts.engine == "sglang"   ? wire::event_dialect::sglang
-                : opts.engine == "trtllm" ? wire::event_dialect::trtllm
-                                          : wire::event_dialect::vllm;
+  cfg.dialect = config::dialect_of(opts.engine == "sglang"   ? config::engine_kind::sglang
+                                   : opts.engine == "trtllm" ? config::engine_kind::trtllm
+                                                             : config::engine_kind::vllm);
   kv::event_stream stream(cfg);
   kv_event_socket::handlers handlers;
   handlers.act = [](kv::stream_action& a) {

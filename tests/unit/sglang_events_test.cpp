@@ -66,6 +66,7 @@ TEST(sglang_captures, every_frame_decodes_and_is_written_again_byte_for_byte) {
         ids.insert(static_cast<wire::block_key>(id.to_number<std::int64_t>()));
     const auto& frames = doc.at("frames").as_array();
     ASSERT_FALSE(frames.empty());
+    int salted_pages = 0;
     for (const auto& f : frames) {
       auto payload = from_hex(std::string(f.at("payload_hex").as_string()));
       auto b = decode(f);
@@ -80,9 +81,17 @@ TEST(sglang_captures, every_frame_decodes_and_is_written_again_byte_for_byte) {
         EXPECT_EQ(ev.block_size, 16u);
         EXPECT_EQ(ev.block_hashes.size(), 1u); // one BlockStored per page
         ASSERT_TRUE(ev.extra_keys);
-        EXPECT_EQ(ev.extra_keys->size(), 1u);
+        ASSERT_EQ(ev.extra_keys->size(), 1u);
+        // The salt among the extra keys of a salted chain's first page only.
+        bool first_salted = ev.cache_salt && !ev.parent_block_hash;
+        EXPECT_EQ(bool((*ev.extra_keys)[0]), first_salted);
+        if (first_salted) {
+          EXPECT_EQ((*ev.extra_keys)[0]->at(0), wire::extra_item::of_text(*ev.cache_salt));
+        }
+        salted_pages += ev.cache_salt ? 1 : 0;
       }
     }
+    EXPECT_EQ(salted_pages, std::string(name) == "G1_basic.json" ? 2 : 0);
   }
 }
 
@@ -336,4 +345,118 @@ TEST(trtllm_events, signed_hashes_and_no_extra_keys_are_keyed_as_vllm_would_hash
   auto held = table.held();
   ASSERT_EQ(held.size(), 1u);
   EXPECT_EQ(held[0].key, wire::block_hasher("0", 16).hash(ids).at(0).key);
+}
+
+TEST(sglang_events, what_sglang_never_sends_is_refused_and_other_engines_names_are_skipped) {
+  auto batch = [](const std::string& event) {
+    return from_hex("93cb3ff8000000000000"
+                    "91"
+                    + event + "00");
+  };
+  auto sglang = [](const std::string& payload) {
+    return wire::decode_batch(payload, {}, wire::event_dialect::sglang);
+  };
+  // A map event with the salt both ways: a salt given twice.
+  auto twice = sglang(batch("84a474797065ab426c6f636b53746f726564"
+                            "ac626c6f636b5f686173686573"
+                            "9101"
+                            "aa63616368655f73616c74"
+                            "a173"
+                            "a86d65746164617461"
+                            "81aa63616368655f73616c74a173"));
+  ASSERT_FALSE(twice);
+  EXPECT_NE(twice.err().message.find("twice"), std::string::npos) << twice.err().message;
+  // Metadata that is not a map.
+  auto not_map = sglang(batch("98ab426c6f636b53746f726564"
+                              "9101"
+                              "c0"
+                              "9105"
+                              "01"
+                              "c0"
+                              "a3475055"
+                              "a173"));
+  ASSERT_FALSE(not_map);
+  EXPECT_NE(not_map.err().message.find("metadata"), std::string::npos) << not_map.err().message;
+  // Bigram pairs that do not chain, and pairs mixed with plain tokens.
+  EXPECT_FALSE(sglang(batch("97ab426c6f636b53746f726564"
+                            "9101"
+                            "c0"
+                            "92920506920807"
+                            "02"
+                            "c0"
+                            "a3475055")));
+  EXPECT_FALSE(sglang(batch("97ab426c6f636b53746f726564"
+                            "9101"
+                            "c0"
+                            "9292050606"
+                            "02"
+                            "c0"
+                            "a3475055")));
+  // vLLM has neither salt field: skipped, the salt unread.
+  auto v = wire::decode_batch(batch("83a474797065ab426c6f636b53746f726564"
+                                    "ac626c6f636b5f686173686573"
+                                    "9101"
+                                    "aa63616368655f73616c74"
+                                    "a173"));
+  ASSERT_TRUE(v) << v.err().message;
+  EXPECT_FALSE(v->events.at(0).cache_salt);
+}
+
+TEST(trtllm_events, blocks_hashed_with_what_is_not_published_are_left_unkeyed) {
+  // One plain block (token 1..16), then its child named by an adapter id
+  // only, then a block whose tokens are a multimodal placeholder.
+  std::string tokens = "dc0010";
+  std::vector<std::uint32_t> ids;
+  for (std::uint32_t t = 1; t <= 16; ++t) {
+    tokens += fmt::format("{:02x}", t);
+    ids.push_back(t);
+  }
+  auto stored = [&](const std::string& hash, const std::string& parent, const std::string& toks,
+                    const std::string& lora_id) {
+    return "87a474797065ab426c6f636b53746f726564"
+           "ac626c6f636b5f686173686573"
+           "91"
+           + hash + "b1706172656e745f626c6f636b5f68617368" + parent + "a9746f6b656e5f696473" + toks
+           + "aa626c6f636b5f73697a65"
+             "10"
+             "a76c6f72615f6964"
+           + lora_id
+           + "a66d656469756d"
+             "a3475055";
+  };
+  auto payload = from_hex("93cb3ff8000000000000"
+                          "93"
+                          + stored("01", "c0", tokens, "c0") + stored("02", "01", tokens, "07")
+                          + stored("03", "c0", "91a3696d67", "c0") + "00");
+  auto b = wire::decode_batch(payload, {}, wire::event_dialect::trtllm);
+  ASSERT_TRUE(b) << b.err().message;
+  ASSERT_EQ(b->events.size(), 3u);
+  EXPECT_FALSE(b->events[0].unpublished_extras);
+  EXPECT_TRUE(b->events[1].unpublished_extras) << "an adapter id without its name";
+  EXPECT_TRUE(b->events[2].unpublished_extras) << "a placeholder token as text";
+  kv::block_table table(kv::parity_config{"0", 16, true, "kv_cache_config.tokens_per_block:"});
+  auto c = table.apply(*b);
+  EXPECT_EQ(c.untranslated, 2u);
+  EXPECT_TRUE(kv::routable(table.parity())) << "the engine's other blocks are still keyed";
+  auto held = table.held();
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_EQ(held[0].key, wire::block_hasher("0", 16).hash(ids).at(0).key);
+}
+
+TEST(sglang_sim, a_chain_sglang_would_not_have_is_not_published) {
+  sim::sglang_stream stream;
+  wire::kv_event orphan;
+  orphan.kind = wire::event_kind::block_stored;
+  orphan.block_size = 16;
+  orphan.parent_block_hash = wire::block_hash{42, 0, {}}; // never stored
+  orphan.block_hashes = {{43, 0, {}}};
+  orphan.token_ids.assign(16, 5);
+  EXPECT_TRUE(stream.convert({orphan}).empty());
+  EXPECT_EQ(stream.pages(), 0u);
+  orphan.parent_block_hash.reset();
+  EXPECT_EQ(stream.convert({orphan}).size(), 1u);
+  wire::kv_event clear;
+  clear.kind = wire::event_kind::all_blocks_cleared;
+  EXPECT_EQ(stream.convert({clear}).size(), 1u);
+  EXPECT_EQ(stream.pages(), 0u);
 }

@@ -109,6 +109,14 @@ TEST(topology_change, engines_added_removed_and_changed_are_told_apart) {
   EXPECT_TRUE(config::compare_engines(old, cluster()).empty());
 }
 
+TEST(topology_change, an_engine_that_becomes_another_engines_kind_is_changed) {
+  // Its events are decoded in another dialect and its blocks keyed anew:
+  // its subscriber and mirror must start over.
+  auto fresh = cluster();
+  node(fresh, "a1").engines[1].kind = config::engine_kind::sglang;
+  EXPECT_EQ(config::compare_engines(cluster(), fresh).changed, std::vector<std::string>{"r1"});
+}
+
 TEST(topology_change, an_engine_that_moves_to_another_node_is_changed) {
   auto old = cluster();
   auto fresh = cluster();

@@ -611,4 +611,12 @@ TEST(topology, an_sglang_engine_that_binds_is_told_sglangs_rule) {
   ASSERT_FALSE(notes.empty());
   EXPECT_NE(notes[0].find("SGLang must bind there"), std::string::npos) << notes[0];
   EXPECT_NE(notes[0].find("tcp://0.0.0.0:PORT"), std::string::npos) << notes[0];
+  t = parse(replace(valid_text(), "events_port = 5557\n",
+                    "events = \"tcp://127.0.0.1:5557\"\nengine = \"sglang\"\nlora = [\"sql\"]\n"));
+  ASSERT_TRUE(t.value);
+  notes = events_notes(t.value->find_node("agent-a")->engines.at(0));
+  ASSERT_EQ(notes.size(), 2u);
+  EXPECT_NE(notes[1].find("warning: sglang publishes no LoRA adapter with its blocks"),
+            std::string::npos)
+    << notes[1];
 }
