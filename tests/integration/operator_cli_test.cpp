@@ -139,9 +139,8 @@ TEST(deploy, the_example_topology_is_valid) {
 }
 
 TEST(deploy, the_fleet_at_vllms_defaults_is_valid_and_says_how_each_engine_is_reached) {
-  auto [code, out] =
-    check_deploy_example("vllm-defaults.toml",
-                         {"ctl-1", "ctl-2", "gpu-1", "gpu-2", "gpu-3", "gpu-4"});
+  auto [code, out] = check_deploy_example("vllm-defaults.toml",
+                                          {"ctl-1", "ctl-2", "gpu-1", "gpu-2", "gpu-3", "gpu-4"});
   EXPECT_EQ(code, 0) << out;
   EXPECT_NE(out.find("cluster 'fleet', 6 nodes, 4 engines"), std::string::npos) << out;
   EXPECT_NE(out.find("SGLang must bind there"), std::string::npos) << out;
