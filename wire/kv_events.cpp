@@ -623,9 +623,11 @@ private:
         if (tp->type != msgpack::type::ARRAY || tp->via.array.size != 2)
           return wrong_type(*tp, "a token pair [t, next] like the page's first");
         const auto& second = tp->via.array.ptr[1];
+        if (second.type != msgpack::type::POSITIVE_INTEGER)
+          return wrong_type(second, "an unsigned integer token id as a pair's second");
         if (i + 1 < arr.size && arr.ptr[i + 1].type == msgpack::type::ARRAY
             && arr.ptr[i + 1].via.array.size == 2
-            && (second.type != arr.ptr[i + 1].via.array.ptr[0].type
+            && (arr.ptr[i + 1].via.array.ptr[0].type != msgpack::type::POSITIVE_INTEGER
                 || second.via.u64 != arr.ptr[i + 1].via.array.ptr[0].via.u64))
           return fail(errc::bad_value, "a token pair whose second token is not the next pair's "
                                        "first");

@@ -392,6 +392,14 @@ TEST(sglang_events, what_sglang_never_sends_is_refused_and_other_engines_names_a
                             "02"
                             "c0"
                             "a3475055")));
+  EXPECT_FALSE(sglang(batch("97ab426c6f636b53746f726564"
+                            "9101"
+                            "c0"
+                            "919205a178"
+                            "01"
+                            "c0"
+                            "a3475055")))
+    << "a last pair whose second is not a token";
   // vLLM has neither salt field: skipped, the salt unread.
   auto v = wire::decode_batch(batch("83a474797065ab426c6f636b53746f726564"
                                     "ac626c6f636b5f686173686573"
