@@ -56,6 +56,7 @@ replica_update to_update(const mirror_state& st, const kv::table_delta& delta) {
   u.reset = delta.reset;
   u.parity = static_cast<std::uint8_t>(parity);
   u.partial = st.table.partial();
+  u.hybrid = st.table.hybrid();
   u.added = delta.added;
   u.removed = delta.removed;
   u.totals = st.counters;

@@ -20,8 +20,8 @@ void apply_update(routing::router_core& core, routing::router_stats& stats, cons
   auto before = kv.find(u.replica, u.dp_rank);
   auto was = before ? kv.info(*before).parity : kv::parity_state::unknown;
   routing::kv_change change{
-    u.replica, u.dp_rank,  u.epoch,   u.reset,        static_cast<kv::parity_state>(u.parity),
-    &u.added,  &u.removed, u.partial, u.parity_reason};
+    u.replica, u.dp_rank,  u.epoch,   u.reset,         static_cast<kv::parity_state>(u.parity),
+    &u.added,  &u.removed, u.partial, u.parity_reason, u.hybrid};
   switch (kv.apply(change, now)) {
   case routing::apply_outcome::applied:
     break;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 #include <unordered_set>
 
 namespace llmgw::kv {
@@ -72,47 +73,113 @@ block_table::block_table(std::optional<parity_config> parity) : parity_config_(s
     hasher_.emplace(parity_config_->seed, parity_config_->block_size);
 }
 
+group_kind group_kind_of(const std::optional<std::string>& kind) noexcept {
+  if (!kind || *kind == "full_attention" || *kind == "mla_attention"
+      || *kind == "sink_full_attention")
+    return group_kind::full;
+  if (*kind == "sliding_window" || *kind == "sliding_window_mla")
+    return group_kind::window;
+  if (*kind == "mamba")
+    return group_kind::mamba;
+  return group_kind::unsupported;
+}
+
+wire::block_key end_marker_of(wire::block_key key) noexcept {
+  // splitmix64 of the key under another constant than fingerprint_of's.
+  auto x = key ^ 0xd6e8feb86659fd93ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
 apply_counts block_table::apply(const wire::event_batch& batch) {
   apply_counts counts;
+  note_groups(batch, counts);
+  // The groups that are not full attention apply after the batch's
+  // full-attention events: their blocks are keyed, and chained, by those.
+  // Each group's own events keep their order; groups do not share
+  // references, so the table ends the same.
+  deferred_.clear();
   for (const auto& ev : batch.events) {
-    auto where = medium_of(ev.medium_or_gpu());
-    auto group = ev.group_idx.value_or(0);
-    switch (ev.kind) {
-    case wire::event_kind::block_stored:
-      if (translating()) {
-        translate_stored(ev, where, counts);
-        for (const auto& [key, kept] : keys_)
-          if (kept)
-            store({key, where}, group);
-      } else {
-        check_parity(ev, counts);
-        for (const auto& h : ev.block_hashes)
-          store({h.key, where}, group);
-      }
-      counts.stored += ev.block_hashes.size();
-      break;
-    case wire::event_kind::block_removed:
-      for (const auto& h : ev.block_hashes) {
-        auto key = translating() ? cluster_key_of(h.key) : h.key;
-        if (!remove({key, where}, group))
-          ++counts.ignored_removes;
-        else if (translating())
-          release(h.key);
-      }
-      counts.removed += ev.block_hashes.size();
-      break;
-    case wire::event_kind::all_blocks_cleared:
-      reset(reset_reason::clear);
-      ++counts.clears;
-      break;
+    if (ev.kind == wire::event_kind::all_blocks_cleared) {
+      for (const auto* d : deferred_)
+        apply_event(*d, counts);
+      deferred_.clear();
+    } else if (!full_group(ev.group_idx.value_or(0))) {
+      deferred_.push_back(&ev);
+      continue;
     }
+    apply_event(ev, counts);
   }
+  for (const auto* d : deferred_)
+    apply_event(*d, counts);
+  deferred_.clear();
   return counts;
+}
+
+void block_table::apply_event(const wire::kv_event& ev, apply_counts& counts) {
+  auto where = medium_of(ev.medium_or_gpu());
+  auto group = ev.group_idx.value_or(0);
+  switch (ev.kind) {
+  case wire::event_kind::block_stored: {
+    bool chain = hybrid() && where == medium::gpu && full_group(group);
+    std::optional<wire::block_key> parent;
+    bool parent_known = true;
+    if (chain && ev.parent_block_hash) {
+      auto pk = ev.parent_block_hash->key;
+      if (!translating())
+        parent = pk;
+      else if (auto it = keyed_.find(pk); it != keyed_.end())
+        parent = wire::key_of(it->second.cluster);
+      else if (parity_ == parity_state::verified)
+        parent = pk;
+      else
+        parent_known = false;
+    }
+    if (translating()) {
+      translate_stored(ev, where, counts);
+      for (const auto& [key, kept] : keys_)
+        if (kept)
+          store({key, where}, group);
+    } else {
+      check_parity(ev, counts);
+      keys_.clear();
+      for (const auto& h : ev.block_hashes) {
+        store({h.key, where}, group);
+        if (chain)
+          keys_.emplace_back(h.key, true);
+      }
+    }
+    if (chain)
+      link_chain(keys_, parent, parent_known);
+    counts.stored += ev.block_hashes.size();
+    break;
+  }
+  case wire::event_kind::block_removed:
+    for (const auto& h : ev.block_hashes) {
+      auto key = translating() ? cluster_key_of(h.key) : h.key;
+      if (!remove({key, where}, group))
+        ++counts.ignored_removes;
+      else if (translating())
+        release(h.key);
+    }
+    counts.removed += ev.block_hashes.size();
+    break;
+  case wire::event_kind::all_blocks_cleared:
+    reset(reset_reason::clear);
+    ++counts.clears;
+    break;
+  }
 }
 
 void block_table::store(const block_ref& ref, std::int64_t group) {
   auto& n = refs_[{ref.key, ref.where, group}];
-  if (n++ > 0)
+  bool first = n++ == 0;
+  if (first && ref.where == medium::gpu && hybrid())
+    gpu_holding(ref.key, group, +1);
+  if (!full_group(group))
+    return; // seen through end markers only
+  if (!first)
     return renewed(ref);
   auto& groups = presence_[ref];
   if (groups++ == 0)
@@ -132,15 +199,28 @@ bool block_table::remove(const block_ref& ref, std::int64_t group) {
     return false;
   if (--it->second > 0)
     return true;
+  auto g = it->first;
   refs_.erase(it);
-  auto p = presence_.find(ref);
-  if (--p->second == 0) {
-    presence_.erase(p);
-    if (ref.where == medium::gpu)
-      digests_.erase(ref.key);
-    presence_changed(ref, true);
-  }
+  released(g);
   return true;
+}
+
+bool block_table::released(const group_key& g) {
+  block_ref ref{g.key, g.where};
+  bool left = false;
+  if (full_group(g.group)) {
+    auto p = presence_.find(ref);
+    if (p != presence_.end() && --p->second == 0) {
+      presence_.erase(p);
+      if (ref.where == medium::gpu)
+        digests_.erase(ref.key);
+      presence_changed(ref, true);
+      left = true;
+    }
+  }
+  if (g.where == medium::gpu && hybrid())
+    gpu_holding(g.key, g.group, -1);
+  return left;
 }
 
 void block_table::presence_changed(const block_ref& ref, bool was) {
@@ -164,14 +244,26 @@ void block_table::reset(reset_reason why) {
   // emptied (a clear, a restart, an exit); a store after the gap says
   // nothing of them.
   partial_ = why == reset_reason::gap || why == reset_reason::decode_error;
+  if (why == reset_reason::restart || why == reset_reason::engine_exit) {
+    groups_.clear(); // the engine may come back with another model
+    full_groups_ = other_groups_ = 0;
+    group_problem_.clear();
+  }
   refs_.clear();
   presence_.clear();
+  links_.clear();
+  runs_.clear();
+  markers_.clear();
   digests_.clear();
   keyed_.clear();
   fingerprint_ = 0;
   ++epoch_;
   parity_ = parity_state::unknown;
   parity_message_.clear();
+  if (auto problem = groups_problem(); !problem.empty()) {
+    parity_ = parity_state::untranslatable; // the engine's groups have not changed
+    parity_message_ = std::move(problem);
+  }
   for (auto& [id, peer] : peers_) {
     peer.reset_pending = true;
     peer.changed.clear(); // after the reset a peer's copy is empty
@@ -216,9 +308,11 @@ void block_table::unsubscribe(peer_id peer) {
 
 std::vector<block_ref> block_table::held() const {
   std::vector<block_ref> out;
-  out.reserve(presence_.size());
+  out.reserve(size());
   for (const auto& [ref, groups] : presence_)
     out.push_back(ref);
+  for (auto marker : markers_)
+    out.push_back({marker, medium::gpu});
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -285,6 +379,14 @@ void block_table::translate_stored(const wire::kv_event& ev, medium where, apply
       if (!known(i))
         fallback(ev.block_hashes[i].key, counts);
   };
+  if (!full_group(ev.group_idx.value_or(0))) {
+    // A group that is not full attention (a window, a Mamba state) stores
+    // only some of a prompt's blocks, null blocks left out of block_hashes
+    // but not of token_ids: never a chain to hash. Its hashes are the
+    // full-attention group's, keyed there (apply() defers it for that).
+    resolve_unhashed();
+    return;
+  }
   if (ev.unpublished_extras) {
     // Only these blocks cannot be keyed (and their children, whose parent
     // is then unknown): the engine's other blocks still can.
@@ -306,12 +408,10 @@ void block_table::translate_stored(const wire::kv_event& ev, medium where, apply
     return;
   }
   const auto bs = hasher_->block_size();
-  // A hybrid model's other groups (sliding window, Mamba) leave their null
-  // blocks out of block_hashes but not of token_ids: their tokens do not
-  // line up with their blocks, but their hashes are the full-attention
-  // group's, keyed there.
-  bool other_group = ev.group_idx.value_or(0) != 0
-                     || (ev.kv_cache_spec_kind && *ev.kv_cache_spec_kind != "full_attention");
+  // Another full-attention group (an engine without spec kinds, whose
+  // groups may be anything) whose tokens do not line up with its blocks:
+  // its hashes are group 0's, keyed there.
+  bool other_group = ev.group_idx.value_or(0) != 0;
   if (ev.block_size == bs && other_group && ev.token_ids.size() != n * bs) {
     resolve_unhashed();
     return;
@@ -415,13 +515,8 @@ void block_table::drop_own_keys(apply_counts& counts) {
       gone.push_back(g);
   for (const auto& g : gone) {
     refs_.erase(g);
-    block_ref ref{g.key, g.where};
-    auto p = presence_.find(ref);
-    if (--p->second == 0) {
-      presence_.erase(p);
-      presence_changed(ref, true);
+    if (released(g))
       ++counts.untranslated;
-    }
   }
   if (!gone.empty())
     partial_ = true; // the engine holds them; their cluster keys are unknown
@@ -435,8 +530,8 @@ void block_table::flag_mismatch(std::string message) {
 }
 
 void block_table::check_parity(const wire::kv_event& ev, apply_counts& counts) {
-  if (!hasher_ || parity_ == parity_state::mismatch)
-    return;
+  if (!hasher_ || parity_ == parity_state::mismatch || !full_group(ev.group_idx.value_or(0)))
+    return; // other groups' blocks are not a chain (see translate_stored)
   if (medium_of(ev.medium_or_gpu()) != medium::gpu || ev.token_ids.empty())
     return; // offloading tiers publish placeholders without tokens
   const auto n = ev.block_hashes.size();
@@ -482,6 +577,243 @@ void block_table::check_parity(const wire::kv_event& ev, apply_counts& counts) {
   }
   if (counts.verified > 0 && parity_ == parity_state::unknown)
     parity_ = parity_state::verified;
+}
+
+// --- Hybrid models ---------------------------------------------------------
+
+bool block_table::full_group(std::int64_t group) const {
+  if (other_groups_ == 0)
+    return true; // the common case: no map lookup
+  auto it = groups_.find(group);
+  return it == groups_.end() || it->second.kind == group_kind::full;
+}
+
+std::string block_table::groups_problem() const {
+  if (!group_problem_.empty())
+    return group_problem_;
+  if (other_groups_ > 0 && full_groups_ == 0)
+    return "every KV cache group the engine publishes is sliding-window or Mamba: a prefix "
+           "hit there needs no leading blocks, which the router's walk cannot say";
+  return {};
+}
+
+void block_table::note_groups(const wire::event_batch& batch, apply_counts& counts) {
+  for (const auto& ev : batch.events) {
+    if (ev.kind != wire::event_kind::block_stored)
+      continue;
+    auto group = ev.group_idx.value_or(0);
+    group_spec spec{group_kind_of(ev.kv_cache_spec_kind), 0};
+    if (spec.kind == group_kind::window) {
+      auto window = ev.kv_cache_spec_sliding_window.value_or(0);
+      auto bs = static_cast<std::int64_t>(ev.block_size);
+      if (window <= 0 || bs <= 0) {
+        spec.kind = group_kind::unsupported;
+      } else {
+        // vLLM's SlidingWindowManager: cdiv(sliding_window - 1, block_size)
+        // blocks end a hit; at least one.
+        auto need = (window - 1 + bs - 1) / bs;
+        spec.window_blocks = static_cast<std::uint32_t>(
+          std::clamp<std::int64_t>(need, 1, std::numeric_limits<std::uint32_t>::max()));
+      }
+    }
+    auto it = groups_.find(group);
+    if (it != groups_.end() && it->second.kind == spec.kind
+        && it->second.window_blocks == spec.window_blocks)
+      continue;
+    if (it != groups_.end())
+      --(it->second.kind == group_kind::full ? full_groups_ : other_groups_);
+    groups_[group] = spec;
+    ++(spec.kind == group_kind::full ? full_groups_ : other_groups_);
+    if (spec.kind == group_kind::unsupported && group_problem_.empty())
+      group_problem_ = fmt::format(
+        "KV cache group {} is {}{}: llmgw cannot say which prefixes the engine reuses there", group,
+        ev.kv_cache_spec_kind.value_or("?"),
+        group_kind_of(ev.kv_cache_spec_kind) == group_kind::window ? " without a window" : "");
+    else if (spec.kind != group_kind::full && hasher_ && ev.block_size != hasher_->block_size()
+             && group_problem_.empty())
+      group_problem_ = fmt::format(
+        "KV cache group {} ({}) has block size {}, the cluster's is {}: start the engine with "
+        "{} {}",
+        group, ev.kv_cache_spec_kind.value_or("?"), ev.block_size, hasher_->block_size(),
+        parity_config_ ? parity_config_->block_size_flag : "--block-size", hasher_->block_size());
+    if (spec.kind != group_kind::full) {
+      // Every marker must now satisfy this group too.
+      std::vector<wire::block_key> keys;
+      for (const auto& [key, link] : links_)
+        keys.push_back(key);
+      for (auto key : keys)
+        eval_marker(key);
+    }
+  }
+  if (auto problem = groups_problem(); !problem.empty())
+    flag(parity_state::untranslatable, std::move(problem), counts);
+}
+
+std::uint32_t block_table::run_of(wire::block_key key, std::int64_t group) const {
+  auto it = runs_.find({key, group});
+  return it == runs_.end() ? 0 : it->second;
+}
+
+void block_table::link_chain(const std::vector<std::pair<wire::block_key, bool>>& keys,
+                             std::optional<wire::block_key> parent, bool parent_known) {
+  bool known = parent_known;
+  bool root = !parent && parent_known;
+  wire::block_key prev = parent.value_or(0);
+  for (const auto& [key, kept] : keys) {
+    if (!kept) {
+      known = false; // the next block's parent has no cluster key
+      root = false;
+      continue;
+    }
+    auto& link = links_[key];
+    if (!link.linked && known) {
+      link.linked = true;
+      link.root = root;
+      std::int32_t depth = -1;
+      if (root) {
+        depth = 0;
+      } else {
+        link.parent = prev;
+        auto& p = links_[prev]; // a placeholder while the parent is not held
+        p.children.push_back(key);
+        if (p.depth >= 0)
+          depth = p.depth + 1;
+      }
+      for (const auto& [group, spec] : groups_)
+        if (spec.kind == group_kind::window)
+          update_runs(key, group);
+      if (depth >= 0)
+        set_depth(key, depth);
+      else
+        eval_marker(key);
+    }
+    known = true;
+    root = false;
+    prev = key;
+  }
+}
+
+void block_table::set_depth(wire::block_key key, std::int32_t depth) {
+  std::vector<std::pair<wire::block_key, std::int32_t>> todo{{key, depth}};
+  while (!todo.empty()) {
+    auto [k, d] = todo.back();
+    todo.pop_back();
+    auto it = links_.find(k);
+    if (it == links_.end() || it->second.depth >= 0)
+      continue;
+    it->second.depth = d;
+    eval_marker(k);
+    for (auto child : it->second.children)
+      todo.emplace_back(child, d + 1);
+  }
+}
+
+void block_table::gpu_holding(wire::block_key key, std::int64_t group, int delta) {
+  auto it = links_.find(key);
+  if (it == links_.end()) {
+    if (delta < 0)
+      return;
+    it = links_.emplace(key, chain_link{}).first;
+  }
+  it->second.holders = static_cast<std::uint32_t>(static_cast<int>(it->second.holders) + delta);
+  auto spec = groups_.find(group);
+  if (spec != groups_.end()) {
+    if (spec->second.kind == group_kind::window)
+      update_runs(key, group);
+    else if (spec->second.kind == group_kind::mamba)
+      eval_marker(key);
+  }
+  if (delta < 0)
+    maybe_unlink(key);
+}
+
+void block_table::maybe_unlink(wire::block_key key) {
+  auto it = links_.find(key);
+  while (it != links_.end() && it->second.holders == 0 && it->second.children.empty()) {
+    bool has_parent = it->second.linked && !it->second.root;
+    auto parent = it->second.parent;
+    auto child = it->first;
+    links_.erase(it);
+    if (!has_parent)
+      return;
+    it = links_.find(parent);
+    if (it == links_.end())
+      return;
+    auto& children = it->second.children;
+    auto c = std::find(children.begin(), children.end(), child);
+    if (c != children.end()) {
+      *c = children.back();
+      children.pop_back();
+    }
+  }
+}
+
+void block_table::update_runs(wire::block_key key, std::int64_t group) {
+  const auto cap = groups_.at(group).window_blocks;
+  std::vector<wire::block_key> todo{key};
+  while (!todo.empty()) {
+    auto k = todo.back();
+    todo.pop_back();
+    std::uint32_t run = 0;
+    auto link = links_.find(k);
+    if (refs_.count({k, medium::gpu, group}) != 0) {
+      run = 1;
+      if (link != links_.end() && link->second.linked && !link->second.root)
+        run += run_of(link->second.parent, group);
+      run = std::min(run, cap);
+    }
+    auto old = run_of(k, group);
+    if (run != old) {
+      if (run == 0)
+        runs_.erase({k, group});
+      else
+        runs_[{k, group}] = run;
+      if (link != links_.end())
+        for (auto child : link->second.children)
+          todo.push_back(child);
+    }
+    if (run != old || k == key)
+      eval_marker(k);
+  }
+}
+
+void block_table::eval_marker(wire::block_key key) {
+  bool on = other_groups_ > 0;
+  auto link = links_.find(key);
+  auto depth = link == links_.end() ? -1 : link->second.depth;
+  if (link == links_.end())
+    on = false;
+  for (const auto& [group, spec] : groups_) {
+    if (!on)
+      break;
+    switch (spec.kind) {
+    case group_kind::full:
+      break;
+    case group_kind::window: {
+      // The window's last blocks, or every block of a shorter prefix.
+      auto need = depth >= 0 ? std::min<std::uint32_t>(spec.window_blocks,
+                                                       static_cast<std::uint32_t>(depth) + 1)
+                             : spec.window_blocks;
+      on = run_of(key, group) >= need;
+      break;
+    }
+    case group_kind::mamba:
+      on = refs_.count({key, medium::gpu, group}) != 0;
+      break;
+    case group_kind::unsupported:
+      on = false;
+      break;
+    }
+  }
+  auto marker = end_marker_of(key);
+  bool was = markers_.count(marker) != 0;
+  if (on == was)
+    return;
+  if (on)
+    markers_.insert(marker);
+  else
+    markers_.erase(marker);
+  presence_changed({marker, medium::gpu}, was);
 }
 
 } // namespace llmgw::kv

@@ -8,7 +8,22 @@
 //   medium, group), is above zero; a batch may remove a hash and store it
 //   again. A remove of an unknown key is counted, not an error: a subscriber
 //   that joined late sees those.
-// - Subscribers see blocks per (key, medium): held by any group or not.
+// - Subscribers see blocks per (key, medium): held by any full-attention
+//   group or not (every group of a model that is not hybrid).
+// - Hybrid models (vLLM's HybridKVCacheCoordinator): a prefix of k blocks
+//   is a hit when the full-attention groups hold its k blocks and every
+//   other group accepts k as an end: a sliding-window group of window W
+//   holds the last ceil((W - 1) / block size) of them (all of them when the
+//   prefix is shorter), a Mamba group holds block k - 1 (its state there).
+//   Other groups' blocks are therefore not blocks a prefix can be walked
+//   on; instead, for every GPU block at which every other group accepts an
+//   end, subscribers see one more GPU entry, its end marker
+//   (end_marker_of()), and the router takes the longest prefix it walks
+//   back to the last block that has one. The table learns the chain (each
+//   block's parent and depth) from the full-attention groups' stores.
+//   Groups of other kinds (chunked local attention, cross attention,
+//   unknown), and engines without a full-attention group, mark the table
+//   untranslatable: no prefix of theirs can be predicted.
 // - Each subscriber gets a snapshot when it subscribes, then net changes:
 //   what changed since its last drain, with stored-then-removed cancelled
 //   out. A block held at the last drain and stored again since (removed and
@@ -49,6 +64,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace llmgw::kv {
@@ -89,6 +105,25 @@ struct block_ref_hash {
 /// keep theirs by adding and subtracting as blocks come and go, and equal
 /// sets have equal fingerprints. Sums of these collide only by chance.
 std::uint64_t fingerprint_of(const block_ref& b) noexcept;
+
+/// How a KV cache group decides whether a prefix is a hit: vLLM's
+/// KVCacheSpecKind names, folded by the rule their manager applies.
+enum class group_kind : std::uint8_t {
+  full,   ///< every block of the prefix (full_attention, mla_attention, sink_full_attention)
+  window, ///< the last blocks of the prefix, a window's worth (sliding_window, sliding_window_mla)
+  mamba,  ///< the prefix's last block (mamba)
+  unsupported, ///< a rule llmgw does not follow (chunked local attention, cross attention, ...)
+};
+
+/// The kind a stored event's `kv_cache_spec_kind` names; an event without
+/// one (vLLM before 2026-05) is full attention.
+group_kind group_kind_of(const std::optional<std::string>& kv_cache_spec_kind) noexcept;
+
+/// The key of the entry that says "a prefix ending at block `key` is a hit
+/// for every group that is not full attention" (see the top). A fixed mix
+/// of the key, so the router finds it from the prompt's own keys; it is
+/// another 64-bit key, as likely to collide with a block's as any two are.
+wire::block_key end_marker_of(wire::block_key key) noexcept;
 
 /// What a subscriber must apply to its copy to equal the table.
 struct table_delta {
@@ -195,10 +230,25 @@ public:
   /// Every held block, sorted: what a subscriber's copy must equal.
   std::vector<block_ref> held() const;
 
-  /// True while `ref` is held by any group.
-  bool holds(const block_ref& ref) const { return presence_.count(ref) != 0; }
+  /// True while `ref` is held by a full-attention group, or is an end
+  /// marker the table publishes.
+  bool holds(const block_ref& ref) const {
+    return presence_.count(ref) != 0 || (ref.where == medium::gpu && markers_.count(ref.key) != 0);
+  }
 
-  std::size_t size() const noexcept { return presence_.size(); }
+  /// Entries subscribers see: blocks and end markers.
+  std::size_t size() const noexcept { return presence_.size() + markers_.size(); }
+
+  /// True when the engine has KV cache groups that are not full attention:
+  /// its prefixes end only where an end marker says so.
+  bool hybrid() const noexcept { return other_groups_ > 0; }
+
+  /// End markers published now.
+  std::size_t markers() const noexcept { return markers_.size(); }
+
+  /// Chain links kept for a hybrid model's blocks (for tests of the bound:
+  /// none outlives what holds it).
+  std::size_t chain_links() const noexcept { return links_.size(); }
   std::uint64_t epoch() const noexcept { return epoch_; }
   /// The sum of fingerprint_of over every held block: what a subscriber's
   /// copy has once it applied every delta.
@@ -244,8 +294,52 @@ private:
     std::unordered_map<block_ref, change, block_ref_hash> changed;
   };
 
+  void apply_event(const wire::kv_event& ev, apply_counts& counts);
   void store(const block_ref& ref, std::int64_t group);
   bool remove(const block_ref& ref, std::int64_t group);
+  /// `group` no longer holds `g`'s block (its last reference went); true
+  /// when the block left the set subscribers see.
+  bool released(const group_key& g);
+
+  // Hybrid models (see the top).
+  struct group_spec {
+    group_kind kind = group_kind::full;
+    std::uint32_t window_blocks = 0; ///< window: the blocks an end needs
+  };
+  /// Learns the groups a batch's stores name, before any event of it
+  /// applies; flags kinds no prefix can be predicted for.
+  void note_groups(const wire::event_batch& batch, apply_counts& counts);
+  bool full_group(std::int64_t group) const;
+  /// Why the groups learned so far let no prefix be predicted, or "".
+  std::string groups_problem() const;
+  /// Sets the depth of `key` (linked, depth unknown) and of its children
+  /// that did not know theirs, and their markers.
+  void set_depth(wire::block_key key, std::int32_t depth);
+  /// A GPU block's place in its chain, learned from full-attention stores,
+  /// kept while a group holds it or a child links to it.
+  struct chain_link {
+    wire::block_key parent = 0;
+    bool linked = false;       ///< parent (or root) known
+    bool root = false;         ///< the first block of a prompt
+    std::int32_t depth = -1;   ///< blocks before it; -1: unknown
+    std::uint32_t holders = 0; ///< (group) references on the GPU
+    std::vector<wire::block_key> children;
+  };
+  /// Links a full-attention store's blocks (`keys`, 0 for ones left out)
+  /// under `parent` (nullopt: the chain's root; `parent_known` false: a
+  /// parent nobody can name).
+  void link_chain(const std::vector<std::pair<wire::block_key, bool>>& keys,
+                  std::optional<wire::block_key> parent, bool parent_known);
+  /// A group's GPU reference to `key` came (+1) or went (-1).
+  void gpu_holding(wire::block_key key, std::int64_t group, int delta);
+  /// Drops `key`'s link if nothing holds it and no child links to it.
+  void maybe_unlink(wire::block_key key);
+  /// Recomputes the runs of window group `group` from `key` down its
+  /// children while they change, and their markers.
+  void update_runs(wire::block_key key, std::int64_t group);
+  /// Publishes or withdraws `key`'s end marker as the groups now say.
+  void eval_marker(wire::block_key key);
+  std::uint32_t run_of(wire::block_key key, std::int64_t group) const;
   void presence_changed(const block_ref& ref, bool was);
   /// `ref`, held, was stored again.
   void renewed(const block_ref& ref);
@@ -271,6 +365,27 @@ private:
   std::unordered_map<group_key, std::uint32_t, group_key_hash> refs_;
   std::unordered_map<block_ref, std::uint32_t, block_ref_hash> presence_; ///< live groups
   std::unordered_map<peer_id, peer_state> peers_;
+  std::unordered_map<std::int64_t, group_spec> groups_; ///< kept over clears and gaps
+  std::string group_problem_; ///< the first group no prefix can be predicted for
+  std::size_t full_groups_ = 0;
+  std::size_t other_groups_ = 0;
+  std::unordered_map<wire::block_key, chain_link> links_; ///< hybrid only
+  /// Per (block, window group): consecutive blocks that group holds ending
+  /// at the block, at most its window_blocks; absent: 0.
+  struct run_key {
+    wire::block_key key;
+    std::int64_t group;
+    bool operator==(const run_key& o) const noexcept { return key == o.key && group == o.group; }
+  };
+  struct run_key_hash {
+    std::size_t operator()(const run_key& k) const noexcept {
+      return static_cast<std::size_t>(k.key * 0x9E3779B97F4A7C15u)
+             ^ static_cast<std::size_t>(k.group);
+    }
+  };
+  std::unordered_map<run_key, std::uint32_t, run_key_hash> runs_;
+  std::unordered_set<wire::block_key> markers_; ///< end markers published (their keys)
+  std::vector<const wire::kv_event*> deferred_; ///< apply(): other groups' events, in order
   std::uint64_t epoch_ = 0;
   std::uint64_t fingerprint_ = 0;
   bool partial_ = false;

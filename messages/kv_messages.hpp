@@ -100,6 +100,7 @@ struct replica_update {
   bool reset = false;      ///< drop what is held for the replica first
   std::uint8_t parity = 0; ///< kv::parity_state as an integer
   bool partial = false;    ///< kv::block_table::partial(): the engine may hold more
+  bool hybrid = false;     ///< kv::block_table::hybrid(): prefixes end at end markers
   std::vector<kv::block_ref> added;
   std::vector<kv::block_ref> removed;
   kv::mirror_totals totals; ///< the mirror's counts so far
@@ -115,8 +116,8 @@ inline constexpr std::size_t max_parity_reason = 1024;
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, replica_update& x) {
   return f(caf::meta::type_name("replica_update"), x.node, x.replica, x.dp_rank, x.session, x.seq,
-           x.epoch, x.reset, x.parity, x.partial, x.added, x.removed, x.totals, x.parity_reason,
-           x.mac);
+           x.epoch, x.reset, x.parity, x.partial, x.hybrid, x.added, x.removed, x.totals,
+           x.parity_reason, x.mac);
 }
 
 /// What in `u` is not a value of its enum (`parity`, a block's medium), or

@@ -41,6 +41,7 @@ std::string update_mac(std::string_view key, const replica_update& u) {
   bytes += static_cast<char>(u.reset);
   bytes += static_cast<char>(u.parity);
   bytes += static_cast<char>(u.partial);
+  bytes += static_cast<char>(u.hybrid);
   put(bytes, u.added);
   put(bytes, u.removed);
   const auto& t = u.totals;

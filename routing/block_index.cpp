@@ -312,6 +312,23 @@ void block_index::walk(const wire::block_key* keys, std::size_t n,
   }
 }
 
+double block_index::weigh(const wire::block_key* keys, std::size_t count, holder_id h,
+                          const std::array<double, 3>& weights) const {
+  double sum = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const auto* s = find(keys[i]);
+    if (!s)
+      continue;
+    double best = 0;
+    const entry* begin = entries_of(*s);
+    for (const entry* e = begin; e != begin + s->count; ++e)
+      if (holder_of(*e) == h)
+        best = std::max(best, weights[static_cast<std::size_t>(medium_of_entry(*e))]);
+    sum += best;
+  }
+  return sum;
+}
+
 std::vector<kv::block_ref> block_index::blocks_of(holder_id h) const {
   std::vector<kv::block_ref> out;
   for (const auto& s : slots_) {

@@ -59,6 +59,11 @@ public:
             const std::vector<holder_id>& candidates, const std::array<double, 3>& weights,
             std::vector<walk_score>& out);
 
+  /// The weighted count of `keys`' first `count` blocks for `h`: each by
+  /// the best medium `h` holds it on, 0 where it holds none.
+  double weigh(const wire::block_key* keys, std::size_t count, holder_id h,
+               const std::array<double, 3>& weights) const;
+
   /// Blocks (key, medium) held by `h`, sorted: for tests and diagnostics
   /// (one pass over the table).
   std::vector<kv::block_ref> blocks_of(holder_id h) const;

@@ -109,6 +109,7 @@ apply_outcome replica_index::apply(const kv_change& change,
   info.parity = change.parity;
   info.parity_reason.assign(change.parity_reason.data(), change.parity_reason.size());
   info.partial = change.partial;
+  info.hybrid = change.hybrid;
   info.last_update = now;
   ++info.updates;
   return apply_outcome::applied;
@@ -196,7 +197,23 @@ std::size_t replica_index::leading_confirmed(holder_id h, const wire::block_key*
     if (!held)
       break;
   }
+  if (holders_[h].hybrid) // back to the last end the engine's own events mark
+    while (n > 0) {
+      auto marker = kv::end_marker_of(keys[n - 1]);
+      if (index_.holds(marker, h, kv::medium::gpu) && spec.count(marker) == 0)
+        break;
+      --n;
+    }
   return n;
+}
+
+std::size_t replica_index::hit_blocks(holder_id h, const wire::block_key* keys,
+                                      std::size_t count) const {
+  if (!holders_[h].hybrid)
+    return count;
+  while (count > 0 && !index_.holds(kv::end_marker_of(keys[count - 1]), h, kv::medium::gpu))
+    --count;
+  return count;
 }
 
 watch_id replica_index::watch(holder_id h, const wire::block_key* keys, std::size_t count) {

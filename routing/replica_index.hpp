@@ -57,6 +57,7 @@ struct kv_change {
   const std::vector<kv::block_ref>* removed = nullptr;
   bool partial = false;                ///< the engine may hold blocks the sender does not know
   std::string_view parity_reason = {}; ///< why parity is not routable, if it is not
+  bool hybrid = false; ///< a hybrid model: its prefixes end at end markers (kv::end_marker_of)
 };
 
 /// What applying a change did.
@@ -73,6 +74,9 @@ struct holder_info {
   /// The agent's mirror may lack blocks the engine holds (an unfilled gap):
   /// the router scores it by the better of this index and tier 1.
   bool partial = false;
+  /// A hybrid model (kv::block_table): a prefix it holds is a hit only up
+  /// to the last block with an end marker.
+  bool hybrid = false;
   std::chrono::steady_clock::time_point last_update{};
   std::uint64_t updates = 0; ///< changes applied
   std::uint64_t resets = 0;  ///< full copies and epoch resets applied
@@ -119,6 +123,12 @@ public:
   /// How many of `keys`' leading blocks `h` holds by the engine's own
   /// events: on any medium, up to the first not held or only speculative.
   std::size_t leading_confirmed(holder_id h, const wire::block_key* keys, std::size_t count) const;
+
+  /// Of `keys`' first `count` blocks (a prefix `h` holds), the longest
+  /// prefix that is a hit: for a hybrid holder, the one ending at the last
+  /// block with an end marker, speculative or not (vLLM's hybrid
+  /// coordinator); `count` for any other.
+  std::size_t hit_blocks(holder_id h, const wire::block_key* keys, std::size_t count) const;
 
   /// Watches a prediction that `h` holds `keys` (routed there): 0 when
   /// `count` is 0 or too many are watched already.

@@ -429,6 +429,19 @@ route_decision router_core::decide(const route_query& q,
     std::array<double, 3> weights{1.0, settings_.cpu_weight, settings_.storage_weight};
     kv_.blocks().walk(q.keys.data(), q.keys.size(), holders_, weights, walk_);
     auto n = static_cast<double>(q.keys.size());
+    // vLLM looks up at most prompt_tokens - 1 tokens, in whole blocks.
+    auto most = q.prompt_tokens > 0 ? (q.prompt_tokens - 1) / block_size_ : q.keys.size();
+    for (auto& w : walk_) {
+      // A hybrid model's hit ends where its other groups accept an end,
+      // at most where the engine looks.
+      if (!kv_.info(w.holder).hybrid)
+        continue;
+      auto hit = kv_.hit_blocks(w.holder, q.keys.data(), std::min<std::size_t>(w.blocks, most));
+      if (hit != w.blocks) {
+        w.blocks = static_cast<std::uint32_t>(hit);
+        w.weighted = kv_.blocks().weigh(q.keys.data(), hit, w.holder, weights);
+      }
+    }
     for (std::size_t i = 0; i < walk_.size(); ++i) {
       auto& s = scores[holder_owner_[i]];
       auto share = walk_[i].weighted / n;
@@ -534,8 +547,14 @@ route_decision router_core::decide(const route_query& q,
       h = kv_.find(r.name, static_cast<std::uint32_t>(d.dp_rank));
     else if (ranks.size() == 1)
       h = ranks[0];
-    if (h && kv_.trusted(*h))
+    if (h && kv_.trusted(*h)) {
       kv_.speculate(*h, q.keys.data(), q.keys.size(), now + settings_.speculative_ttl);
+      if (kv_.info(*h).hybrid) {
+        // Its prefill leaves every group holding the prompt's end.
+        auto marker = kv::end_marker_of(q.keys.back());
+        kv_.speculate(*h, &marker, 1, now + settings_.speculative_ttl);
+      }
+    }
   }
   if (!q.dry_run) {
     ++counters_.decisions[static_cast<int>(d.tier)];

@@ -84,6 +84,7 @@ std::string kv_replicas_json(const router_core& core, const router_stats& stats,
       x["has_state"] = info.has_state;
       x["trusted"] = kv.trusted(h);
       x["partial"] = info.partial;
+      x["hybrid"] = info.hybrid;
       x["parity"] = to_string(info.parity);
       x["hash_mismatch"] = !kv::routable(info.parity);
       if (!info.parity_reason.empty())
@@ -305,6 +306,10 @@ void append_router_metrics(wire::metrics_text& m, const router_core& core,
               "1 when the engine may hold blocks the index does not know (a gap replay could "
               "not fill): scored by the better of the index and tier 1 until its cache is emptied.",
               info.partial ? 1 : 0, labels);
+      m.gauge("llmgw_kv_hybrid",
+              "1 when the engine serves a hybrid model (sliding-window or Mamba groups beside "
+              "full attention): a prefix it holds counts up to its last end marker.",
+              info.hybrid ? 1 : 0, labels);
       m.gauge("llmgw_kv_hash_mismatch",
               "1 when the engine's blocks cannot be keyed by llmgw's hashes (the agent's log says "
               "why): not routed on its KV state.",

@@ -534,7 +534,8 @@ TEST(block_table_translation, copies_on_other_media_follow_the_gpu_blocks_key) {
 
 // A hybrid model publishes each KV cache group's blocks; a sliding-window
 // group leaves its null blocks out of block_hashes but not of token_ids.
-// Its hashes are the full-attention group's, keyed there.
+// Its hashes are the full-attention group's, keyed there; what it holds
+// shows as end markers, not as blocks (tests/unit/hybrid_prefix_test.cpp).
 TEST(block_table_translation, a_hybrid_models_other_groups_follow_the_full_attention_keys) {
   auto doc = llmgw::test::read_json(llmgw::test::capture_path("S1_basic.map.int.json"));
   auto keys = llmgw::test::capture_router_keys(doc, "1");
@@ -545,25 +546,32 @@ TEST(block_table_translation, a_hybrid_models_other_groups_follow_the_full_atten
   auto window = full;
   window.group_idx = 1;
   window.kv_cache_spec_kind = "sliding_window";
-  window.kv_cache_spec_sliding_window = 32;
+  window.kv_cache_spec_sliding_window = 2 * static_cast<std::int64_t>(full.block_size); // 2 blocks
   window.block_hashes.erase(window.block_hashes.begin()); // block 0 fell out of the window
   if (window.extra_keys)
     window.extra_keys->erase(window.extra_keys->begin());
   block_table table(translating("1"));
-  auto c = table.apply(batch({full, window}));
+  auto c = table.apply(batch({window, full})); // the window's group may come first
   EXPECT_EQ(c.untranslated, 0u);
   EXPECT_EQ(table.parity(), parity_state::translated) << table.parity_message();
-  for (const auto& h : window.block_hashes)
-    EXPECT_TRUE(table.holds({keys.at(h.key), medium::gpu}));
-  // Removing the full-attention copy leaves the window's.
-  auto gone = removed({window.block_hashes[0].key}, "GPU", 0);
-  c = table.apply(batch({gone}));
+  EXPECT_TRUE(table.hybrid());
+  auto cluster = [&](std::size_t i) { return keys.at(full.block_hashes.at(i).key); };
+  auto marked = [&](std::size_t i) {
+    return table.holds({end_marker_of(cluster(i)), medium::gpu});
+  };
+  for (std::size_t i = 0; i < full.block_hashes.size(); ++i) {
+    EXPECT_TRUE(table.holds({cluster(i), medium::gpu}));
+    EXPECT_EQ(marked(i), i >= 2) << "block " << i << ": the window holds it and the one before";
+  }
+  // Removing the full-attention copy of block 1 leaves the window's: block
+  // 2 still ends a hit for the window, but no prefix reaches it.
+  c = table.apply(batch({removed({full.block_hashes[1].key}, "GPU", 0)}));
   EXPECT_EQ(c.ignored_removes, 0u);
-  EXPECT_TRUE(table.holds({keys.at(window.block_hashes[0].key), medium::gpu}))
-    << "still held by group 1";
-  c = table.apply(batch({removed({window.block_hashes[0].key}, "GPU", 1)}));
-  EXPECT_EQ(c.ignored_removes, 0u);
-  EXPECT_FALSE(table.holds({keys.at(window.block_hashes[0].key), medium::gpu}));
+  EXPECT_FALSE(table.holds({cluster(1), medium::gpu}));
+  EXPECT_TRUE(marked(2));
+  c = table.apply(batch({removed({full.block_hashes[1].key}, "GPU", 1)}));
+  EXPECT_EQ(c.ignored_removes, 0u) << "the window's copy resolved to its cluster key";
+  EXPECT_FALSE(marked(2));
 }
 
 TEST(block_table_translation, what_cannot_be_translated_says_why_and_is_not_routed) {
