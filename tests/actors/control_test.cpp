@@ -279,6 +279,25 @@ TEST_F(control_test, an_engine_emptied_is_forgotten_by_tier1_too) {
   EXPECT_EQ(after.tier, routing::route_tier::load) << "nothing of the text is remembered anywhere";
 }
 
+TEST_F(control_test, the_hybrid_flag_is_under_the_mac_and_reaches_the_index) {
+  auto a = connect("agent-a", 1);
+  send(a, "a0", {1, 2});
+  // A relay that turns a hybrid engine into a dense one (or back) would
+  // make the router predict prefixes the engine cannot reuse.
+  auto flipped = update(a, "a0", {3}, false);
+  flipped.hybrid = true; // after the MAC
+  send_raw(a, flipped);
+  EXPECT_EQ(refused("agent-a", "mac"), 1u);
+  auto genuine = update(a, "a0", {3}, false);
+  genuine.hybrid = true;
+  genuine.mac = update_mac(a.key, genuine);
+  send_raw(a, genuine);
+  auto& kv = core().kv();
+  auto h = kv.find("a0", 0);
+  ASSERT_TRUE(h);
+  EXPECT_TRUE(kv.info(*h).hybrid);
+}
+
 TEST_F(control_test, enum_values_out_of_range_are_refused_and_counted) {
   auto a = connect("agent-a", 1);
   send(a, "a0", {1, 2});
