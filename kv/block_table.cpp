@@ -126,12 +126,13 @@ void block_table::apply_event(const wire::kv_event& ev, apply_counts& counts) {
     std::optional<wire::block_key> parent;
     bool parent_known = true;
     if (chain && ev.parent_block_hash) {
+      // The parent's cluster key: its translation, or its own key where the
+      // engine's keys are the cluster's.
       auto pk = ev.parent_block_hash->key;
-      if (!translating())
-        parent = pk;
-      else if (auto it = keyed_.find(pk); it != keyed_.end())
+      auto it = translating() ? keyed_.find(pk) : keyed_.end();
+      if (it != keyed_.end())
         parent = wire::key_of(it->second.cluster);
-      else if (parity_ == parity_state::verified)
+      else if (!translating() || parity_ == parity_state::verified)
         parent = pk;
       else
         parent_known = false;
@@ -581,6 +582,14 @@ void block_table::check_parity(const wire::kv_event& ev, apply_counts& counts) {
 
 // --- Hybrid models ---------------------------------------------------------
 
+namespace {
+
+const std::string no_full_group_message =
+  "every KV cache group the engine publishes is sliding-window or Mamba: a prefix hit there "
+  "needs no leading blocks, which the router's walk cannot say";
+
+} // namespace
+
 bool block_table::full_group(std::int64_t group) const {
   if (other_groups_ == 0)
     return true; // the common case: no map lookup
@@ -592,50 +601,66 @@ std::string block_table::groups_problem() const {
   if (!group_problem_.empty())
     return group_problem_;
   if (other_groups_ > 0 && full_groups_ == 0)
-    return "every KV cache group the engine publishes is sliding-window or Mamba: a prefix "
-           "hit there needs no leading blocks, which the router's walk cannot say";
+    return no_full_group_message;
   return {};
 }
 
 void block_table::note_groups(const wire::event_batch& batch, apply_counts& counts) {
+  // The most groups a table follows, and the longest window: vLLM's models
+  // have a handful of groups and windows of a few thousand tokens; more is
+  // a hostile or broken publisher, refused rather than followed.
+  constexpr std::int64_t most_groups = 256;
+  constexpr std::int64_t most_window_blocks = 1 << 16;
   for (const auto& ev : batch.events) {
-    if (ev.kind != wire::event_kind::block_stored)
+    // Only a GPU store naming its kind says what a group is: offloading
+    // tiers' placeholders name none.
+    if (ev.kind != wire::event_kind::block_stored || !ev.kv_cache_spec_kind
+        || medium_of(ev.medium_or_gpu()) != medium::gpu)
       continue;
     auto group = ev.group_idx.value_or(0);
     group_spec spec{group_kind_of(ev.kv_cache_spec_kind), 0};
+    bool no_window = false;
     if (spec.kind == group_kind::window) {
       auto window = ev.kv_cache_spec_sliding_window.value_or(0);
       auto bs = static_cast<std::int64_t>(ev.block_size);
       if (window <= 0 || bs <= 0) {
         spec.kind = group_kind::unsupported;
+        no_window = true;
       } else {
         // vLLM's SlidingWindowManager: cdiv(sliding_window - 1, block_size)
         // blocks end a hit; at least one.
-        auto need = (window - 1 + bs - 1) / bs;
-        spec.window_blocks = static_cast<std::uint32_t>(
-          std::clamp<std::int64_t>(need, 1, std::numeric_limits<std::uint32_t>::max()));
+        auto need = (window - 1) / bs + ((window - 1) % bs != 0);
+        spec.window_blocks =
+          static_cast<std::uint32_t>(std::clamp<std::int64_t>(need, 1, most_window_blocks));
+        if (need > most_window_blocks)
+          spec.kind = group_kind::unsupported;
       }
     }
     auto it = groups_.find(group);
     if (it != groups_.end() && it->second.kind == spec.kind
         && it->second.window_blocks == spec.window_blocks)
       continue;
-    if (it != groups_.end())
-      --(it->second.kind == group_kind::full ? full_groups_ : other_groups_);
+    if (group_problem_.empty()) {
+      if (group < 0 || group >= most_groups)
+        group_problem_ = fmt::format("KV cache group {} is outside 0..{}", group, most_groups - 1);
+      else if (it != groups_.end())
+        group_problem_ =
+          fmt::format("KV cache group {} changed its kind or window without a restart", group);
+      else if (spec.kind == group_kind::unsupported)
+        group_problem_ = fmt::format(
+          "KV cache group {} is {}{}: llmgw cannot say which prefixes the engine reuses there",
+          group, *ev.kv_cache_spec_kind, no_window ? " without a window" : "");
+      else if (spec.kind != group_kind::full && hasher_ && ev.block_size != hasher_->block_size())
+        group_problem_ = fmt::format(
+          "KV cache group {} ({}) has block size {}, the cluster's is {}: start the engine with "
+          "{} {}",
+          group, *ev.kv_cache_spec_kind, ev.block_size, hasher_->block_size(),
+          parity_config_ ? parity_config_->block_size_flag : "--block-size", hasher_->block_size());
+    }
+    if (!group_problem_.empty() && (it != groups_.end() || group < 0 || group >= most_groups))
+      continue; // the table is untranslatable now: nothing more is learned
     groups_[group] = spec;
     ++(spec.kind == group_kind::full ? full_groups_ : other_groups_);
-    if (spec.kind == group_kind::unsupported && group_problem_.empty())
-      group_problem_ = fmt::format(
-        "KV cache group {} is {}{}: llmgw cannot say which prefixes the engine reuses there", group,
-        ev.kv_cache_spec_kind.value_or("?"),
-        group_kind_of(ev.kv_cache_spec_kind) == group_kind::window ? " without a window" : "");
-    else if (spec.kind != group_kind::full && hasher_ && ev.block_size != hasher_->block_size()
-             && group_problem_.empty())
-      group_problem_ = fmt::format(
-        "KV cache group {} ({}) has block size {}, the cluster's is {}: start the engine with "
-        "{} {}",
-        group, ev.kv_cache_spec_kind.value_or("?"), ev.block_size, hasher_->block_size(),
-        parity_config_ ? parity_config_->block_size_flag : "--block-size", hasher_->block_size());
     if (spec.kind != group_kind::full) {
       // Every marker must now satisfy this group too.
       std::vector<wire::block_key> keys;
@@ -644,6 +669,13 @@ void block_table::note_groups(const wire::event_batch& batch, apply_counts& coun
       for (auto key : keys)
         eval_marker(key);
     }
+  }
+  if (parity_ == parity_state::untranslatable && parity_message_ == no_full_group_message
+      && full_groups_ > 0) {
+    // That a batch named no full-attention group said too little: one has
+    // come. The blocks to come establish parity again.
+    parity_ = parity_state::unknown;
+    parity_message_.clear();
   }
   if (auto problem = groups_problem(); !problem.empty())
     flag(parity_state::untranslatable, std::move(problem), counts);
@@ -666,6 +698,8 @@ void block_table::link_chain(const std::vector<std::pair<wire::block_key, bool>>
       continue;
     }
     auto& link = links_[key];
+    if (!link.linked && known && !root && !acyclic(key, prev))
+      known = false; // a publisher's loop: its blocks stay unchained
     if (!link.linked && known) {
       link.linked = true;
       link.root = root;
@@ -693,6 +727,20 @@ void block_table::link_chain(const std::vector<std::pair<wire::block_key, bool>>
   }
 }
 
+bool block_table::acyclic(wire::block_key key, wire::block_key parent) const {
+  // A parent whose chain reaches a root cannot have `key` above it: `key`
+  // is not linked yet. Otherwise walk up a while.
+  for (int steps = 0; steps < 4096; ++steps) {
+    if (parent == key)
+      return false;
+    auto it = links_.find(parent);
+    if (it == links_.end() || it->second.depth >= 0 || it->second.root || !it->second.linked)
+      return true;
+    parent = it->second.parent;
+  }
+  return false; // a chain longer than any prompt's without a root: not followed
+}
+
 void block_table::set_depth(wire::block_key key, std::int32_t depth) {
   std::vector<std::pair<wire::block_key, std::int32_t>> todo{{key, depth}};
   while (!todo.empty()) {
@@ -715,7 +763,10 @@ void block_table::gpu_holding(wire::block_key key, std::int64_t group, int delta
       return;
     it = links_.emplace(key, chain_link{}).first;
   }
-  it->second.holders = static_cast<std::uint32_t>(static_cast<int>(it->second.holders) + delta);
+  if (delta > 0)
+    ++it->second.holders;
+  else if (it->second.holders > 0) // blocks stored before the table knew it was hybrid count none
+    --it->second.holders;
   auto spec = groups_.find(group);
   if (spec != groups_.end()) {
     if (spec->second.kind == group_kind::window)

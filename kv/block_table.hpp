@@ -282,7 +282,7 @@ private:
   };
   struct group_key_hash {
     std::size_t operator()(const group_key& k) const noexcept {
-      return block_ref_hash{}({k.key, k.where}) ^ static_cast<std::size_t>(k.group * 31);
+      return block_ref_hash{}({k.key, k.where}) ^ (static_cast<std::size_t>(k.group) * 31);
     }
   };
   /// What a peer is to be told of a block.
@@ -312,6 +312,9 @@ private:
   bool full_group(std::int64_t group) const;
   /// Why the groups learned so far let no prefix be predicted, or "".
   std::string groups_problem() const;
+  /// False when linking `key` under `parent` would close a loop (a hostile
+  /// publisher's parent links).
+  bool acyclic(wire::block_key key, wire::block_key parent) const;
   /// Sets the depth of `key` (linked, depth unknown) and of its children
   /// that did not know theirs, and their markers.
   void set_depth(wire::block_key key, std::int32_t depth);

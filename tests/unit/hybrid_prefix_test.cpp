@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -415,4 +416,66 @@ TEST(hybrid_prefix, the_router_routes_a_hybrid_replica_by_its_hit_not_its_walk) 
   d = rc.decide(q, now);
   EXPECT_EQ(d.replica, "window");
   EXPECT_EQ(d.predicted_cached_tokens, 8u * 4);
+}
+
+TEST(hybrid_prefix, hostile_groups_and_chains_are_refused_not_followed) {
+  group_def full{0, "full_attention", std::nullopt};
+  group_def window{1, "sliding_window", 64};
+  {
+    // Parent links that loop: a block its own parent, two blocks each
+    // other's. Nothing hangs, nothing is marked by the loop, nothing leaks.
+    block_table t;
+    t.apply(batch({stored({5}, 5, full), stored({5}, 5, window)}));
+    t.apply(batch({stored({7}, 8, full), stored({8}, 7, full), stored({7, 8}, 8, window)}));
+    EXPECT_FALSE(t.holds({end_marker_of(5), medium::gpu}));
+    EXPECT_FALSE(t.holds({end_marker_of(8), medium::gpu}));
+    t.apply(batch({removed(5, full), removed(5, window), removed(7, full), removed(8, full),
+                   removed(7, window), removed(8, window)}));
+    EXPECT_EQ(t.size(), 0u);
+    EXPECT_EQ(t.chain_links(), 0u);
+  }
+  {
+    block_table t; // a window no model has: refused, no overflow
+    t.apply(batch({stored({1}, std::nullopt, full),
+                   stored({1}, std::nullopt,
+                          {1, "sliding_window", std::numeric_limits<std::int64_t>::max()})}));
+    EXPECT_EQ(t.parity(), parity_state::untranslatable);
+    EXPECT_FALSE(t.holds({end_marker_of(1), medium::gpu}));
+  }
+  {
+    block_table t; // a group index no engine has
+    t.apply(batch({stored({1}, std::nullopt, full),
+                   stored({1}, std::nullopt, {1LL << 40, "mamba", std::nullopt})}));
+    EXPECT_NE(t.parity_message().find("outside 0..255"), std::string::npos) << t.parity_message();
+  }
+  {
+    block_table t; // a group that changes its kind without a restart
+    t.apply(batch({stored({1}, std::nullopt, full), stored({1}, std::nullopt, window)}));
+    EXPECT_TRUE(routable(t.parity()));
+    t.apply(batch({stored({2}, 1, {1, "mamba", std::nullopt})}));
+    EXPECT_NE(t.parity_message().find("changed its kind"), std::string::npos);
+    EXPECT_TRUE(t.hybrid()) << "the group keeps the kind it was learned with";
+  }
+  {
+    // A first batch that names only the window group (a subscriber that
+    // joined late) says too little; the full group's store ends that.
+    block_table t;
+    t.apply(batch({stored({1}, std::nullopt, window)}));
+    EXPECT_EQ(t.parity(), parity_state::untranslatable);
+    t.apply(batch({stored({1}, std::nullopt, full), stored({2}, 1, full), stored({2}, 1, window)}));
+    EXPECT_TRUE(routable(t.parity())) << t.parity_message();
+    EXPECT_TRUE(t.holds({end_marker_of(2), medium::gpu}));
+  }
+  {
+    // Stores without a kind (an offloading tier's placeholders) say
+    // nothing of a group's kind.
+    block_table t;
+    t.apply(batch({stored({1}, std::nullopt, window), stored({1}, std::nullopt, full)}));
+    kv_event cpu = stored({1}, std::nullopt, window);
+    cpu.kv_cache_spec_kind.reset();
+    cpu.kv_cache_spec_sliding_window.reset();
+    t.apply(batch({cpu}));
+    EXPECT_TRUE(routable(t.parity())) << t.parity_message();
+    EXPECT_TRUE(t.hybrid());
+  }
 }
