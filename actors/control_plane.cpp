@@ -1,5 +1,6 @@
 #include "actors/control_plane.hpp"
 
+#include "actors/canary.hpp"
 #include "actors/control.hpp"
 #include "actors/router.hpp"
 #include "actors/tokenizer.hpp"
@@ -84,6 +85,7 @@ control_plane spawn_control_plane(caf::actor_system& sys, const control_options&
   p.router = sys.spawn(router, p.shared_router);
   p.control = sys.spawn(control, opts, p.router);
   p.tokenizer = sys.spawn(tokenizer, topo, p.token_cache);
+  p.canary = sys.spawn(canary, p.shared_router, topo.router.canary_timeout);
   return p;
 }
 
@@ -108,7 +110,7 @@ void reload_control_plane(caf::actor_system& sys, const control_plane& plane,
 void stop_control_plane(const control_plane& plane) {
   for (const auto& a :
        {caf::actor_cast<caf::actor>(plane.router), caf::actor_cast<caf::actor>(plane.control),
-        caf::actor_cast<caf::actor>(plane.tokenizer)})
+        caf::actor_cast<caf::actor>(plane.tokenizer), caf::actor_cast<caf::actor>(plane.canary)})
     if (a)
       caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
 }

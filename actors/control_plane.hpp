@@ -35,6 +35,7 @@ struct control_plane {
   router_actor router;
   control_actor control;
   tokenizer_actor tokenizer;
+  canary_actor canary;
   std::shared_ptr<routing::shared_router> shared_router; ///< the router actor's state
   std::shared_ptr<routing::token_cache> token_cache;     ///< the tokenizer's cache
 };
@@ -55,7 +56,7 @@ control_options control_options_of(std::shared_ptr<const config::topology> topo,
 /// tokenize_cache_entries and tokenize_cache_mib).
 std::shared_ptr<routing::token_cache> token_cache_of(const config::topology& topo);
 
-/// Spawns a control node's router, control and tokenizer actors.
+/// Spawns a control node's router, control, tokenizer and canary actors.
 control_plane spawn_control_plane(caf::actor_system& sys, const control_options& opts);
 
 /// Publishes the control actor on `node`'s CAF port (mutual TLS unless the

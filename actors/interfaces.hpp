@@ -34,6 +34,7 @@ using timeout_atom = caf::atom_constant<caf::atom("timeout")>;
 using resync_atom = caf::atom_constant<caf::atom("resync")>;
 using attach_atom = caf::atom_constant<caf::atom("attach")>;
 using detach_atom = caf::atom_constant<caf::atom("detach")>;
+using canary_atom = caf::atom_constant<caf::atom("canary")>;
 
 /// The only owner of one engine's block table.
 using mirror_actor = caf::typed_actor<
@@ -131,5 +132,12 @@ using tokenizer_actor = caf::typed_actor<
   caf::reacts_to<tokenized_atom, std::uint64_t, tokenize_reply>,
   // This node's reload: the replicas to tokenize with from now on.
   caf::reacts_to<topology_reload>>;
+
+/// Sends each replica's canary (routing/canary.hpp) and reports its answer.
+using canary_actor = caf::typed_actor<
+  // Timer: check the canaries sent, send the ones due.
+  caf::reacts_to<poll_atom>,
+  // Internal: the engine's answer to canary N of a replica (ok, or why not).
+  caf::reacts_to<canary_atom, std::string, std::uint64_t, bool, std::string>>;
 
 } // namespace llmgw

@@ -40,6 +40,10 @@ void apply_update(routing::router_core& core, routing::router_stats& stats, cons
   // a new agent, whose launched engines started with it.
   if (kv::emptied(u.totals) != kv::emptied(stats.totals[h]))
     core.forget_sent(u.replica);
+  // A new engine process (or a new agent, whose counts start again) may
+  // hash or publish differently from the one its canary checked.
+  if (kv::restarts(u.totals) != kv::restarts(stats.totals[h]))
+    core.canary_again(u.replica);
   stats.totals[h] = u.totals;
   if (kv::routable(was) && !kv::routable(kv.info(h).parity)) {
     ++stats.mismatches[u.replica];
@@ -79,6 +83,7 @@ router_actor::behavior_type router(router_actor::stateful_pointer<router_state> 
         for (auto h : kv.holders_of(replica))
           had = had || kv.info(h).has_state;
         kv.drop_replica(replica);
+        core.canary_again(replica); // whatever comes back is checked again
         if (had)
           ++stats.drops[{replica, reason}];
       });

@@ -321,6 +321,7 @@ int run_gateway_bench(int rounds, double rate, const std::string& only, int prom
   e.model = "m";
   e.url = "http://127.0.0.1:" + std::to_string(upstream.port());
   e.kv_events = true;
+  e.canary = false; // its engines do not answer completions here
   n.engines.push_back(e);
   topo->nodes.push_back(n);
   bench_sys_config cfg;

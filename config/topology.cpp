@@ -549,7 +549,8 @@ void read_router(checker& c, const toml::value& doc, router_settings& r) {
                "decode_ms_per_request", "max_batched_tokens", "hot_spot_threshold",
                "speculative_ttl_ms", "engine_load_max_age_ms", "distrust_shortfall_share",
                "tier1_chunk_bytes", "tier1_capacity", "tier1_ttl_s", "tokenize_timeout_ms",
-               "tokenize_cache_entries", "tokenize_cache_mib"});
+               "tokenize_cache_entries", "tokenize_cache_mib", "canary_timeout_ms",
+               "canary_retry_ms"});
   c.read_fraction(*rt, "router", "cpu_weight", r.cpu_weight);
   c.read_fraction(*rt, "router", "storage_weight", r.storage_weight);
   c.read_fraction(*rt, "router", "tie_margin", r.tie_margin);
@@ -569,6 +570,8 @@ void read_router(checker& c, const toml::value& doc, router_settings& r) {
   c.read_ms(*rt, "router", "tokenize_timeout_ms", 10, 60000, r.tokenize_timeout);
   c.read_ms(*rt, "router", "speculative_ttl_ms", 0, 600000, r.speculative_ttl);
   c.read_ms(*rt, "router", "engine_load_max_age_ms", 0, 60000, r.engine_load_max_age);
+  c.read_ms(*rt, "router", "canary_timeout_ms", 100, 600000, r.canary_timeout);
+  c.read_ms(*rt, "router", "canary_retry_ms", 100, 3600000, r.canary_retry);
   c.read_number(*rt, "router", "tokenize_cache_entries", 0, 10000000, r.tokenize_cache_entries);
   c.read_number(*rt, "router", "tokenize_cache_mib", 0, 1048576, r.tokenize_cache_mib);
 }
@@ -627,7 +630,7 @@ void read_gateway(checker& c, const toml::value& doc, gateway_settings& g) {
 void read_engine(checker& c, const toml::value& t, const std::string& where, engine_spec& e) {
   c.only_keys(t, where,
               {"replica", "model", "url", "lora", "kv_events", "events_port", "events", "topic",
-               "dp_size", "launch", "replay", "replay_endpoint", "block_keys", "engine"});
+               "dp_size", "launch", "replay", "replay_endpoint", "block_keys", "engine", "canary"});
   std::string kind;
   c.read(t, where, "engine", kind, false);
   if (kind == "sglang")
@@ -656,6 +659,7 @@ void read_engine(checker& c, const toml::value& t, const std::string& where, eng
     if (!seen.insert(l).second)
       c.problem(*c.find(t, "lora"), fmt::format("{}.lora lists '{}' twice", where, l));
   c.read(t, where, "kv_events", e.kv_events);
+  c.read(t, where, "canary", e.canary);
   c.read_number(t, where, "events_port", 0, 65535, e.events_port);
   c.read(t, where, "events", e.events, false);
   c.read(t, where, "topic", e.topic, false);

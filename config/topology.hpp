@@ -13,7 +13,7 @@
 //               fingerprints (the certificates it may present)
 //   [[node.engine]] (agent nodes) replica, model, url, lora, kv_events,
 //               events_port or events, topic, dp_size, launch, replay,
-//               replay_endpoint, block_keys
+//               replay_endpoint, block_keys, canary
 //
 // load_topology() reads and checks everything before anything starts and
 // reports every problem at once, each with FILE:LINE:COLUMN: unknown keys,
@@ -77,6 +77,12 @@ struct engine_spec {
   /// or use the engine's own hashes, which must then be the cluster's
   /// (false, "engine": sha256_cbor with PYTHONHASHSEED = hash_seed).
   bool translate_keys = true;
+  /// With kv_events: each control node sends the engine a short prompt when
+  /// its KV state first arrives and after each restart, and routes it by
+  /// tier 1 until its events show that prompt's blocks under the keys the
+  /// router computes (routing/canary.hpp). Off: routed on its KV state
+  /// unchecked (an engine that refuses unauthenticated completions).
+  bool canary = true;
 
   bool serves(const std::string& name) const { return config::serves(model, lora, name); }
 };
@@ -145,6 +151,11 @@ struct router_settings {
   std::chrono::milliseconds tokenize_timeout{500};
   std::size_t tokenize_cache_entries = 4096;
   std::size_t tokenize_cache_mib = 256; ///< the cache's bytes at most, in MiB
+  /// A canary (engine_spec::canary) fails when its blocks have not appeared
+  /// in the engine's events this long after it was sent.
+  std::chrono::milliseconds canary_timeout{30000};
+  /// A failed canary is sent again this long after it failed.
+  std::chrono::milliseconds canary_retry{60000};
 };
 
 /// The gateway's limits and the proxy's patience.

@@ -29,7 +29,8 @@ auto tied_cluster(const topology& t) {
 
 auto tied(const engine_spec& e) {
   return std::tie(e.replica, e.model, e.url, e.lora, e.kv_events, e.events_port, e.events, e.topic,
-                  e.dp_size, e.launch, e.replay, e.replay_endpoint, e.translate_keys, e.kind);
+                  e.dp_size, e.launch, e.replay, e.replay_endpoint, e.translate_keys, e.kind,
+                  e.canary);
 }
 
 /// Every engine of `t` (of node `only` when set) with its owner's name.

@@ -193,6 +193,12 @@ inline std::uint64_t emptied(const mirror_totals& t) noexcept {
          + t.resets[static_cast<std::size_t>(reset_reason::engine_exit)];
 }
 
+/// How often the engine process was replaced: restarts and exits.
+inline std::uint64_t restarts(const mirror_totals& t) noexcept {
+  return t.resets[static_cast<std::size_t>(reset_reason::restart)]
+         + t.resets[static_cast<std::size_t>(reset_reason::engine_exit)];
+}
+
 /// Identifies a subscriber of a table.
 using peer_id = std::uint64_t;
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bitset>
 #include <cmath>
+#include <random>
 
 namespace llmgw::routing {
 
@@ -23,7 +24,9 @@ const char* to_string(route_tier t) noexcept {
 router_core::router_core(const config::topology& topo)
   : settings_(topo.router), block_size_(topo.block_size),
     probed_(topo.gateway.health_interval.count() > 0),
-    tree_(topo.router.tier1_capacity, topo.router.tier1_ttl) {
+    tree_(topo.router.tier1_capacity, topo.router.tier1_ttl), seed_(topo.seed),
+    canary_nonce_(std::random_device{}() * 0x9e3779b97f4a7c15ULL ^ std::random_device{}()),
+    canary_resend_(std::max(std::chrono::milliseconds(1000), 4 * topo.flush_interval)) {
   // Agents read their engines once per flush interval (100 ms at least): a
   // reading must count for two of them, or none would count between reads.
   auto& age = settings_.engine_load_max_age;
@@ -43,12 +46,15 @@ router_core::replica_entry entry_of(const config::node_spec& n, const config::en
   r.url = e.url;
   r.kv_events = e.kv_events;
   r.dp_size = e.dp_size;
+  r.canary_wanted = e.kv_events && e.canary;
+  r.canary.state = r.canary_wanted ? canary_state::waiting : canary_state::off;
   return r;
 }
 
 bool same_entry(const router_core::replica_entry& a, const router_core::replica_entry& b) {
   return a.name == b.name && a.node == b.node && a.model == b.model && a.lora == b.lora
-         && a.url == b.url && a.kv_events == b.kv_events && a.dp_size == b.dp_size;
+         && a.url == b.url && a.kv_events == b.kv_events && a.dp_size == b.dp_size
+         && a.canary_wanted == b.canary_wanted;
 }
 
 } // namespace
@@ -423,6 +429,9 @@ route_decision router_core::decide(const route_query& q,
     scores[c].trusted = holders_.size() > before;
     scores[c].distrusted = scores[c].trusted && replicas_[candidates_[c]].distrusted;
     scores[c].trusted = scores[c].trusted && !scores[c].distrusted;
+    // One whose canary has not passed: tier 1, and no prediction to check.
+    scores[c].canary = replicas_[candidates_[c]].canary.state;
+    scores[c].trusted = scores[c].trusted && canary_allows_kv(scores[c].canary);
     holder_owner_.resize(holders_.size(), c);
   }
   if (q.tokenized && !q.keys.empty()) {

@@ -44,15 +44,21 @@
 // answers are still checked against what the index would have predicted,
 // until no more than a quarter of that share of the last 32 fall short, or
 // its cache is emptied (forget_sent()), whichever comes first.
+//
+// A replica with KV events is also scored by tier 1 until its canary passes:
+// a prompt the router sent whose blocks came back in the engine's events
+// under the keys it routes on (routing/canary.hpp; canary_tick()).
 #pragma once
 
 #include "config/topology.hpp"
+#include "routing/canary.hpp"
 #include "routing/prefix_tree.hpp"
 #include "routing/replica_index.hpp"
 
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -87,6 +93,8 @@ struct replica_score {
   /// Tier 2 knows its KV state, but its answers showed the state wrong too
   /// often: scored by tier 1 (its kv and kv_blocks are what the index says).
   bool distrusted = false;
+  /// Its canary has not passed (canary_allows_kv): scored by tier 1.
+  canary_state canary = canary_state::off;
   /// Tier 2's state may miss blocks the engine holds (an unfilled gap): it
   /// is scored by the better of tier 2 and tier 1.
   bool partial = false;
@@ -154,6 +162,9 @@ struct router_counters {
   /// Decisions where the candidate holding the most of the prompt lost on
   /// cost (its queue cost more than the prefill it would save).
   std::uint64_t load_overrides = 0;
+  std::uint64_t canaries_sent = 0;
+  std::uint64_t canaries_passed = 0;
+  std::uint64_t canaries_failed = 0;
 };
 
 /// What the gateway reports of a routed request, to keep each replica's load
@@ -242,6 +253,25 @@ public:
   /// any other, in flight when it was removed, are ignored).
   bool configured(const std::string& replica) const;
 
+  /// Checks the canaries sent (passed when their blocks appeared on a rank
+  /// of their replica, failed when they are canary_timeout old), then
+  /// returns the ones to send now: for each replica waiting whose KV state
+  /// is there, or failed and due again (routing/canary.hpp). Each canary
+  /// that passed or failed here adds a line for the log to `news`.
+  std::vector<canary_job> canary_tick(std::chrono::steady_clock::time_point now,
+                                      std::vector<std::string>* news = nullptr);
+
+  /// The engine answered canary `id` of `replica` with 200 (`ok`), or not
+  /// (`error` says how: it fails at once). An answer for another attempt
+  /// is ignored.
+  void canary_answered(const std::string& replica, std::uint64_t id, bool ok,
+                       const std::string& error, std::chrono::steady_clock::time_point now);
+
+  /// `replica`'s engine restarted, or its agent went away: its canary is
+  /// sent again once its KV state is back, and until it passes it is
+  /// scored by tier 1.
+  void canary_again(const std::string& replica);
+
   /// Tier 1's memory of what was sent where (for its size in /metrics).
   const prefix_tree& tier1() const noexcept { return tree_; }
 
@@ -291,6 +321,8 @@ public:
     std::uint64_t shortfall_drops = 0; ///< blocks dropped because an answer lacked them
     std::uint64_t answers_checked = 0; ///< answers checked against the index's prediction
     std::uint64_t answers_short = 0;   ///< of those, fewer cached tokens than predicted
+    bool canary_wanted = false;        ///< kv_events and engine_spec::canary
+    canary_record canary;              ///< its parity self-test
     /// Of the last checked answers, how many fell short.
     std::uint32_t recent_shortfalls() const;
     /// When this gateway's requests were sent there, and when they left the
@@ -338,6 +370,13 @@ private:
   router_counters counters_;
   std::uint64_t turn_ = 0;         ///< rotates among equal choices
   std::uint64_t incarnations_ = 0; ///< entries made so far
+  std::string seed_;               ///< the cluster's hash seed, for canary prompts' keys
+  std::unique_ptr<wire::block_hasher> hasher_; ///< made at the first canary
+  std::uint64_t canary_nonce_;                 ///< random at start; one more per canary
+  std::uint64_t canary_ids_ = 0;               ///< canary prompts made
+  /// An answered canary whose blocks have not appeared is followed by
+  /// another prompt this often (routing/canary.hpp).
+  std::chrono::milliseconds canary_resend_;
   /// The mean prefill (uncached tokens) of the requests routed, a moving
   /// average: what a request waiting at an engine is taken to cost.
   double mean_uncached_ = 0;

@@ -5,6 +5,8 @@
 #include <boost/json.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace llmgw::routing {
 
 namespace json = boost::json;
@@ -114,8 +116,24 @@ std::string kv_replicas_json(const router_core& core, const router_stats& stats,
       trusted = trusted || kv.trusted(h);
       ranks.push_back(std::move(x));
     }
+    const auto& c = r.canary;
+    json::object canary{{"state", to_string(c.state)},
+                        {"attempts", c.attempts},
+                        {"passes", c.passes},
+                        {"failures", c.failures}};
+    if (c.state == canary_state::passed) {
+      canary["dp_rank"] = c.rank;
+      canary["seconds"] = c.seconds;
+    }
+    if (!c.reason.empty())
+      canary["reason"] = c.reason;
+    if (c.state == canary_state::failed)
+      canary["retry_in_seconds"] =
+        std::max(0.0, std::chrono::duration<double>(c.retry_at - now).count());
+    o["canary"] = std::move(canary);
     o["blocks"] = blocks;
-    o["trusted"] = trusted;
+    // Routed on its KV state: some rank is trusted and the canary allows it.
+    o["trusted"] = trusted && canary_allows_kv(c.state);
     o["ranks"] = std::move(ranks);
     replicas.push_back(std::move(o));
   }
@@ -150,6 +168,7 @@ std::string decision_json(const route_decision& d) {
     x["replica"] = s.replica;
     x["trusted"] = s.trusted;
     x["distrusted"] = s.distrusted;
+    x["canary"] = to_string(s.canary);
     x["partial"] = s.partial;
     x["kv"] = s.kv;
     x["kv_blocks"] = s.kv_blocks;
@@ -256,6 +275,17 @@ void append_router_metrics(wire::metrics_text& m, const router_core& core,
               r.distrusted ? 1 : 0, who);
       m.counter("llmgw_kv_distrusts_total", "Times the replica's KV state became distrusted.",
                 static_cast<double>(r.distrusts), who);
+      if (r.canary_wanted) {
+        m.gauge("llmgw_kv_canary",
+                "1 for the replica's canary state (waiting, sent, passed, failed): until a "
+                "canary prompt's blocks come back in its events under llmgw's keys, it is "
+                "scored by tier 1.",
+                1, {{"replica", r.name}, {"state", to_string(r.canary.state)}});
+        for (auto [result, n] :
+             {std::pair{"passed", r.canary.passes}, {"failed", r.canary.failures}})
+          m.counter("llmgw_kv_canaries_total", "Canaries finished per replica, by result.",
+                    static_cast<double>(n), {{"replica", r.name}, {"result", result}});
+      }
       m.counter("llmgw_kv_shortfall_dropped_blocks_total",
                 "Blocks dropped from the index because the replica's answer showed its engine "
                 "lacked them (and it had not stored them again since).",

@@ -4,7 +4,7 @@
 // It asks the control node (the first in the topology, or --node) on its
 // admin address if it has one, else its http address, for /readyz and
 // /v1/kv/replicas, and prints one line per replica: its node, whether it is
-// avoided, its KV state (trusted, parity, blocks, age of the last update),
+// avoided, its KV state (trusted, parity, canary, blocks, age of the last update),
 // whether its answers made the index distrusted, and its load (requests in
 // flight, and the engine's own running and waiting counts with its KV cache
 // use; a replica's parity and update age are its ranks' worst). Then a line
@@ -98,9 +98,9 @@ const json::value* at(const json::object& o, std::initializer_list<const char*> 
 /// Prints a line per replica; returns, per node, its replicas with KV state
 /// and all its replicas.
 std::map<std::string, std::pair<int, int>> print_replicas(const json::array& replicas) {
-  fmt::print("{:<14} {:<12} {:<5} {:<8} {:<14} {:>8} {:>9} {:<10} {:>6} {:>8} {:>8}\n", "REPLICA",
-             "NODE", "UP", "TRUSTED", "PARITY", "BLOCKS", "UPDATED", "DISTRUST", "FLIGHT",
-             "RUN/WAIT", "KV USE");
+  fmt::print("{:<14} {:<12} {:<5} {:<8} {:<14} {:<8} {:>8} {:>9} {:<10} {:>6} {:>8} {:>8}\n",
+             "REPLICA", "NODE", "UP", "TRUSTED", "PARITY", "CANARY", "BLOCKS", "UPDATED",
+             "DISTRUST", "FLIGHT", "RUN/WAIT", "KV USE");
   std::map<std::string, std::pair<int, int>> nodes; // node -> (with state, replicas)
   for (const auto& rv : replicas) {
     const auto* r = rv.if_object();
@@ -145,16 +145,21 @@ std::map<std::string, std::pair<int, int>> print_replicas(const json::array& rep
     }
     bool kv_events = at(*r, {"kv_events"}) && cell(at(*r, {"kv_events"})) == "yes";
     bool down = at(*r, {"down"}) && cell(at(*r, {"down"})) == "yes";
-    fmt::print("{:<14} {:<12} {:<5} {:<8} {:<14} {:>8} {:>9} {:<10} {:>6} {:>8} {:>8}\n",
+    fmt::print("{:<14} {:<12} {:<5} {:<8} {:<14} {:<8} {:>8} {:>9} {:<10} {:>6} {:>8} {:>8}\n",
                cell(at(*r, {"replica"})), node, down ? "no" : "yes",
                kv_events ? cell(at(*r, {"trusted"})) : "no events", kv_events ? parity : "-",
+               kv_events ? cell(at(*r, {"canary", "state"})) : "-",
                kv_events ? cell(at(*r, {"blocks"})) : "-", updated,
                cell(at(*r, {"index_check", "distrusted"})), cell(at(*r, {"outstanding"})), load,
                kv_use);
   }
-  // Why a rank is not routed on its KV state, in the agent's words.
+  // Why a rank is not routed on its KV state, in the agent's words, and
+  // why a canary failed, in the router's.
   for (const auto& rv : replicas) {
     const auto* r = rv.if_object();
+    if (r && at(*r, {"canary", "reason"}))
+      fmt::print("  {} canary {}: {}\n", cell(at(*r, {"replica"})),
+                 cell(at(*r, {"canary", "state"})), cell(at(*r, {"canary", "reason"})));
     const auto* ranks = r ? at(*r, {"ranks"}) : nullptr;
     if (!ranks || !ranks->is_array())
       continue;

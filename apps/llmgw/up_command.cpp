@@ -6,7 +6,9 @@
 // not exist yet (a private CA, one certificate per node: mutual TLS as in
 // production), checks the whole topology, starts the control nodes, waits
 // for their gateways, starts the agents (which launch the engines), waits
-// until every replica with KV events has its KV state at the control nodes,
+// until every replica with KV events has its KV state at the control nodes
+// and every engine answers, then until their canaries pass (each is routed
+// on its KV state),
 // prints the gateway's URL, optionally runs the demo traffic, and then shows
 // a one-line status until Ctrl-C or SIGTERM, when it stops every node (and
 // so every engine) and waits for them: SIGKILL only after the drain timeout
@@ -34,6 +36,7 @@
 #include <functional>
 #include <future>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -140,19 +143,54 @@ http_response get(http_client& http, const std::string& base, const std::string&
   return p.get_future().get();
 }
 
-/// Control node -> replicas with KV events that have KV state there.
-std::size_t replicas_with_state(http_client& http, const std::string& base) {
+/// A control node's /v1/kv/replicas, or null.
+std::optional<json::array> kv_replicas(http_client& http, const std::string& base) {
   auto r = get(http, base, "/v1/kv/replicas");
   if (r.status != 200)
-    return 0;
+    return std::nullopt;
   boost::system::error_code ec;
   auto doc = json::parse(r.body, ec);
-  if (ec)
-    return 0;
+  if (ec || !doc.is_object() || !doc.as_object().if_contains("replicas"))
+    return std::nullopt;
+  return doc.at("replicas").as_array();
+}
+
+/// Control node -> replicas with KV events whose state has arrived there
+/// (some rank has state).
+std::size_t replicas_with_state(http_client& http, const std::string& base) {
   std::size_t n = 0;
-  for (const auto& rep : doc.at("replicas").as_array())
-    if (rep.at("trusted").as_bool())
-      ++n;
+  if (auto replicas = kv_replicas(http, base))
+    for (const auto& rep : *replicas)
+      for (const auto& rank : rep.at("ranks").as_array())
+        if (rank.at("has_state").as_bool()) {
+          ++n;
+          break;
+        }
+  return n;
+}
+
+/// Control node -> replicas routed on their KV state (their canary passed,
+/// or is off); the others in `pending`, with their canary's state and why.
+std::size_t replicas_trusted(http_client& http, const std::string& base,
+                             std::vector<std::string>& pending) {
+  pending.clear();
+  std::size_t n = 0;
+  if (auto replicas = kv_replicas(http, base))
+    for (const auto& v : *replicas) {
+      const auto& rep = v.as_object();
+      if (!rep.at("kv_events").as_bool())
+        continue;
+      if (rep.at("trusted").as_bool()) {
+        ++n;
+        continue;
+      }
+      const auto& c = rep.at("canary").as_object();
+      auto line = fmt::format("{}: canary {}", json::value_to<std::string>(rep.at("replica")),
+                              json::value_to<std::string>(c.at("state")));
+      if (const auto* why = c.if_contains("reason"))
+        line += ": " + json::value_to<std::string>(*why);
+      pending.push_back(std::move(line));
+    }
   return n;
 }
 
@@ -352,7 +390,23 @@ bool start_agents(cluster_run& r) {
   return true;
 }
 
-/// Waits until every engine answers GET /health (vLLM and llmgw-sim do). An
+/// Waits until every replica with KV events is routed on its KV state at
+/// the first control node: its canary passed (routing/canary.hpp). Names
+/// those whose canary did not, with why.
+bool wait_for_canaries(cluster_run& r) {
+  std::vector<std::string> pending;
+  if (r.wait_until([&] { return replicas_trusted(r.http, r.admins[0], pending) >= r.with_events; },
+                   100ms))
+    return true;
+  fmt::print(stderr, "llmgw up: not every replica passed its canary in {} s; logs in {}\n",
+             r.ready_timeout_s, r.logs);
+  for (const auto& p : pending)
+    fmt::print(stderr, "  {}\n", p);
+  return false;
+}
+
+/// Waits until every engine answers GET /health (vLLM and llmgw-sim do),
+/// then for the canaries. An
 /// engine that cannot start (its port taken, a bad flag) restarts with
 /// backoff forever and the gateway routes around it: it is named, with what
 /// its node's log says about it, rather than the cluster called up.
@@ -366,7 +420,7 @@ bool wait_for_engines(cluster_run& r) {
     return silent.empty();
   };
   if (r.wait_until(all_answer, 100ms))
-    return true;
+    return wait_for_canaries(r);
   for (auto i : silent) {
     const auto& e = r.engines[i];
     fmt::print(stderr, "llmgw up: engine {} at {} is not answering GET /health\n", e.replica,

@@ -53,6 +53,7 @@ config::topology cluster() {
     e.replica = std::string(name) == "agent-a" ? "a0" : "b0";
     e.model = "m";
     e.kv_events = true;
+    e.canary = false; // its engines do not answer completions here
     e.dp_size = 2;
     a.engines.push_back(e);
     if (std::string(name) == "agent-a") {

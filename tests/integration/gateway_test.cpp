@@ -197,6 +197,7 @@ struct gateway_test : ::testing::Test {
       spec.model = "m";
       spec.url = url_of(*e);
       spec.kv_events = true;
+      spec.canary = false; // a fake engine here
       spec.dp_size = 2;
       a.engines.push_back(spec);
     }

@@ -195,7 +195,7 @@ std::string test_cluster::write_topology(const std::vector<test_node_spec>& node
       for (const auto& l : e.lora)
         lora.push_back("\"" + l + "\"");
       t += fmt::format("\n[[node.engine]]\nreplica = \"{}\"\nmodel = \"{}\"\nurl = \"{}\"\n"
-                       "lora = [{}]\nkv_events = {}\n"
+                       "lora = [{}]\nkv_events = {}\ncanary = false\n"
                        "launch = [\"{}\", \"--capture\", \"{}\", \"--pid-file\", \"{}\"]\n",
                        e.replica, e.model, e.url, fmt::join(lora, ", "),
                        e.kv_events ? "true" : "false", LLMGW_TEST_ENGINE, capture_path(e.capture),

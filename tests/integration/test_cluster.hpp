@@ -36,7 +36,7 @@ std::uint16_t free_port_run(std::uint16_t count);
 /// with 2,048 blocks (its url set to it).
 struct test_engine_spec {
   std::string replica;
-  std::string capture; ///< file name in golden/vllm-captures
+  std::string capture; ///< file name in golden/vllm-captures (its canary is off: no HTTP API)
   std::string model = "m";
   bool kv_events = true;
   std::string url = "http://127.0.0.1:1"; ///< its HTTP API (/tokenize)

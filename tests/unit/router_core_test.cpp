@@ -32,6 +32,7 @@ config::topology four_replicas() {
     e.model = "llama";
     e.url = "http://127.0.0.1:800" + std::to_string(i);
     e.kv_events = true;
+    e.canary = false; // its engines do not answer completions here
     if (i == 3)
       e.lora = {"sql"};
     a.engines.push_back(e);

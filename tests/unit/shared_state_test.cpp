@@ -31,6 +31,7 @@ config::topology two_replicas() {
     e.model = "llama";
     e.url = "http://127.0.0.1:800" + std::to_string(i);
     e.kv_events = true;
+    e.canary = false; // its engines do not answer completions here
     a.engines.push_back(e);
   }
   t.nodes.push_back(a);

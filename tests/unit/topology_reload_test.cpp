@@ -17,6 +17,7 @@ config::engine_spec engine(const std::string& replica) {
   e.model = "llama";
   e.url = "http://127.0.0.1:9/" + replica;
   e.kv_events = true;
+  e.canary = false; // its engines do not answer completions here
   return e;
 }
 
