@@ -25,16 +25,15 @@ void send(self_ptr self, routing::canary_job job) {
   auto id = job.id;
   self->state.http->post_json(job.url, "/v1/completions", std::move(job.body), self->state.timeout,
                               [me, replica, id](const http_response& resp) {
-                                bool ok = resp.status == 200;
                                 std::string error;
                                 if (resp.status == 0)
                                   error = resp.error;
-                                else if (!ok)
+                                else if (resp.status != 200)
                                   error = fmt::format("/v1/completions answered {}: {}",
                                                       resp.status, log::printable(resp.body, 200));
                                 if (auto handle = caf::actor_cast<canary_actor>(me))
-                                  caf::anon_send(handle, canary_atom::value, replica, id, ok,
-                                                 std::move(error));
+                                  caf::anon_send(handle, canary_atom::value, replica, id,
+                                                 resp.status, std::move(error));
                               });
 }
 
@@ -64,15 +63,15 @@ canary_actor::behavior_type canary(canary_actor::stateful_pointer<canary_state> 
       }
       self->delayed_send(self, canary_interval, poll_atom::value);
     },
-    [self](canary_atom, const std::string& replica, std::uint64_t id, bool ok,
+    [self](canary_atom, const std::string& replica, std::uint64_t id, int status,
            const std::string& error) {
       auto now = std::chrono::steady_clock::now();
       self->state.shared->with([&](routing::router_core& core, routing::router_stats&) {
-        core.canary_answered(replica, id, ok, error, now);
+        core.canary_answered(replica, id, status, error, now);
       });
-      if (!ok)
+      if (status != 200 && status != 0 && status < 500)
         LLMGW_LOG(warning, "canary",
-                  "replica {}: canary {} failed ({}): routed by the prefix tree until one "
+                  "replica {}: canary {} refused ({}): routed by the prefix tree until one "
                   "passes (set canary = false on an engine that cannot take it)",
                   replica, id, error);
     },

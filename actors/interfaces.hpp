@@ -137,7 +137,8 @@ using tokenizer_actor = caf::typed_actor<
 using canary_actor = caf::typed_actor<
   // Timer: check the canaries sent, send the ones due.
   caf::reacts_to<poll_atom>,
-  // Internal: the engine's answer to canary N of a replica (ok, or why not).
-  caf::reacts_to<canary_atom, std::string, std::uint64_t, bool, std::string>>;
+  // Internal: the engine's answer to canary N of a replica (HTTP status, 0
+  // for none, and why not).
+  caf::reacts_to<canary_atom, std::string, std::uint64_t, int, std::string>>;
 
 } // namespace llmgw

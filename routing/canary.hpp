@@ -7,7 +7,10 @@
 // that prompt's block keys the way it computes any request's. The canary
 // passes when the engine's own events (no speculative entries) show those
 // blocks on any rank of the replica; it fails when they have not appeared
-// canary_timeout after it was sent, or the engine refused the request.
+// canary_timeout after it was sent, or the engine refused the request (a
+// 4xx). An engine that does not answer yet (it is starting: the agent's
+// state arrives before the engine listens) or answers 5xx gets a new
+// prompt every second until then.
 // While the engine has answered but its blocks have not appeared, another
 // prompt follows every second (four flush intervals, if longer), any of
 // whose blocks pass it: an engine's first event batch can be lost (a PUB
@@ -63,6 +66,8 @@ struct canary_record {
   std::chrono::steady_clock::time_point retry_at{};  ///< failed: when to send the next one
   bool answered = false;                             ///< the engine answered the last prompt (200)
   bool answered_any = false;                         ///< it answered one of this round's
+  bool unanswered = false;                           ///< the last prompt got no answer, or a 5xx
+  std::string last_error;                            ///< what that was
   std::string reason;                                ///< failed: why, in words
   std::int32_t rank = -1;                            ///< passed: the rank whose events showed it
   double seconds = 0; ///< passed: from sending to its blocks appearing

@@ -78,23 +78,31 @@ void router_core::canary_again(const std::string& replica) {
   r->canary.reason.clear();
   r->canary.answered = false;
   r->canary.answered_any = false;
+  r->canary.unanswered = false;
 }
 
-void router_core::canary_answered(const std::string& replica, std::uint64_t id, bool ok,
+void router_core::canary_answered(const std::string& replica, std::uint64_t id, int status,
                                   const std::string& error,
                                   std::chrono::steady_clock::time_point now) {
   auto* r = find(replica);
   if (!r || r->canary.state != canary_state::sent || r->canary.id != id)
     return;
-  if (ok) {
-    r->canary.answered = true;
-    r->canary.answered_any = true;
+  auto& c = r->canary;
+  if (status == 200) {
+    c.answered = true;
+    c.answered_any = true;
     return; // its blocks may still be on their way: canary_tick() looks
   }
-  r->canary.state = canary_state::failed;
-  r->canary.reason = "the engine did not answer the canary completion: " + error;
-  r->canary.retry_at = now + settings_.canary_retry;
-  ++r->canary.failures;
+  if (status == 0 || status >= 500) {
+    c.unanswered = true; // starting, or busy: canary_tick() sends another
+    c.last_error = error;
+    return;
+  }
+  c.state = canary_state::failed;
+  c.reason = "the engine refused the canary completion: " + error;
+  c.retry_at = now + settings_.canary_retry;
+  c.keys.clear();
+  ++c.failures;
   ++counters_.canaries_failed;
 }
 
@@ -142,8 +150,9 @@ std::vector<canary_job> router_core::canary_tick(std::chrono::steady_clock::time
             "replica's url and its events endpoint belong to different engines",
             elsewhere);
         else if (!c.answered_any)
-          c.reason = fmt::format("the engine did not answer the canary completion within {} ms",
-                                 waited.count());
+          c.reason = fmt::format("the engine did not answer the canary completion within {} ms{}",
+                                 waited.count(),
+                                 c.last_error.empty() ? "" : " (last: " + c.last_error + ")");
         else
           c.reason = fmt::format(
             "the engine answered the canary completion, but its events did not show the "
@@ -163,7 +172,8 @@ std::vector<canary_job> router_core::canary_tick(std::chrono::steady_clock::time
       }
       // Answered, and still nothing: another prompt, whose batch reveals a
       // lost first one (see the top of canary.hpp).
-      if (c.state != canary_state::sent || !c.answered || now - c.resent_at < canary_resend_)
+      if (c.state != canary_state::sent || !(c.answered || c.unanswered)
+          || now - c.resent_at < canary_resend_)
         continue;
     } else {
       bool due =
@@ -176,6 +186,7 @@ std::vector<canary_job> router_core::canary_tick(std::chrono::steady_clock::time
       c.state = canary_state::sent;
       c.sent_at = now;
       c.answered_any = false;
+      c.last_error.clear();
       c.rank = -1;
       ++c.attempts;
       ++counters_.canaries_sent;
@@ -191,6 +202,7 @@ std::vector<canary_job> router_core::canary_tick(std::chrono::steady_clock::time
     c.id = canary_ids_;
     c.resent_at = now;
     c.answered = false;
+    c.unanswered = false;
     jobs.push_back({r.name, c.id, r.url, canary_body(r.model, tokens)});
   }
   return jobs;

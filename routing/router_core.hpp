@@ -261,10 +261,12 @@ public:
   std::vector<canary_job> canary_tick(std::chrono::steady_clock::time_point now,
                                       std::vector<std::string>* news = nullptr);
 
-  /// The engine answered canary `id` of `replica` with 200 (`ok`), or not
-  /// (`error` says how: it fails at once). An answer for another attempt
-  /// is ignored.
-  void canary_answered(const std::string& replica, std::uint64_t id, bool ok,
+  /// The engine's answer to canary `id` of `replica`: its HTTP `status`
+  /// (0: none came; `error` says why). 200 leaves it to its blocks; no
+  /// answer or a 5xx (an engine still starting, or restarting) is tried
+  /// again with a new prompt until the canary's timeout; any other status
+  /// fails it at once. An answer for another prompt is ignored.
+  void canary_answered(const std::string& replica, std::uint64_t id, int status,
                        const std::string& error, std::chrono::steady_clock::time_point now);
 
   /// `replica`'s engine restarted, or its agent went away: its canary is

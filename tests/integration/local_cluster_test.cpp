@@ -265,8 +265,12 @@ TEST(local_cluster, routes_exactly_streams_in_order_and_survives_a_killed_engine
   auto table = status.read_stdout_all(10s);
   EXPECT_EQ(status.wait(10s), std::optional<int>(0)) << table;
   EXPECT_NE(table.find(": ready\n"), std::string::npos) << table;
-  for (const char* r : {"a0 ", "a1 ", "b0 ", "b1 "})
-    EXPECT_NE(table.find("\n" + std::string(r)), std::string::npos) << r << "in:\n" << table;
+  for (const char* r : {"a0 ", "a1 ", "b0 ", "b1 "}) {
+    auto at = table.find("\n" + std::string(r));
+    ASSERT_NE(at, std::string::npos) << r << "in:\n" << table;
+    auto line = table.substr(at + 1, table.find('\n', at + 1) - at - 1);
+    EXPECT_NE(line.find(" passed "), std::string::npos) << "its canary passed: " << line;
+  }
   EXPECT_NE(table.find("node agent-a (agent): health not known (no admin address); 2 of 2 "
                        "replicas with KV state"),
             std::string::npos)
@@ -282,6 +286,61 @@ TEST(local_cluster, routes_exactly_streams_in_order_and_survives_a_killed_engine
   auto after = post(http, c.gateway, "/v1/completions", body);
   EXPECT_EQ(after.status, 200) << after.body;
   EXPECT_NE(after.headers["x-llmgw-replica"], replica);
+
+  // Its agent restarts it: a new engine process gets a canary of its own.
+  json::value canary;
+  EXPECT_TRUE(test::eventually(
+    [&] {
+      std::promise<http_response> p;
+      http.request("GET", c.gateway, "/v1/kv/replicas", "", 5s,
+                   [&p](http_response r) { p.set_value(std::move(r)); });
+      auto doc = json::parse(p.get_future().get().body);
+      for (const auto& r : doc.at("replicas").as_array())
+        if (r.at("replica") == replica.c_str())
+          canary = r.at("canary");
+      return canary.is_object() && canary.at("state") == "passed"
+             && canary.at("passes").to_number<int>() == 2;
+    },
+    30s, 50ms))
+    << "the restarted engine's canary: " << canary;
+}
+
+// Two engines whose events endpoints are swapped in the topology: each
+// replica's events are the other engine's. Every block would look right to
+// the agent (its keys are the cluster's), so only the canary can tell:
+// each fails, naming the replica whose events showed its prompt, and
+// `llmgw up` says so instead of calling the cluster up.
+TEST(local_cluster, swapped_events_endpoints_fail_the_canary_naming_the_other_replica) {
+  local_cluster c(false, false, engines::vllm_defaults);
+  auto path = c.dir + "/cluster.toml";
+  auto text = read(path);
+  std::vector<std::string> endpoints;
+  for (auto at = text.find("events = \""); at != std::string::npos;
+       at = text.find("events = \"", at + 1))
+    endpoints.push_back(text.substr(at, text.find('\n', at) - at));
+  ASSERT_EQ(endpoints.size(), 4u) << text;
+  // a0's and a1's (both on agent-a, so its ownership checks still hold).
+  replace_all(text, endpoints[0], "{a0}");
+  replace_all(text, endpoints[1], endpoints[0]);
+  replace_all(text, "{a0}", endpoints[1]);
+  replace_all(text, "[router]\n", "[router]\ncanary_timeout_ms = 2000\n");
+  std::ofstream(path) << text;
+  test::child_process up(
+    {LLMGW_BINARY, "up", "--config", path, "--logs", c.dir + "/logs", "--ready-timeout", "12"});
+  auto out = up.read_stdout_all(60s);
+  auto err = up.read_stderr_all(1s);
+  EXPECT_EQ(up.wait(30s), std::optional<int>(1)) << out << err;
+  EXPECT_EQ(out.find("is up"), std::string::npos) << out;
+  EXPECT_NE(err.find("not every replica passed its canary"), std::string::npos) << err;
+  for (const auto& [mine, other] : {std::pair{"a0", "a1"}, {"a1", "a0"}})
+    EXPECT_NE(err.find(std::string(mine)
+                       + ": canary failed: the canary prompt's blocks appeared "
+                         "in replica "
+                       + other + "'s events"),
+              std::string::npos)
+      << err;
+  EXPECT_EQ(err.find("b0: canary"), std::string::npos) << "b0 and b1 passed: " << err;
+  EXPECT_EQ(err.find("b1: canary"), std::string::npos) << err;
 }
 
 /// What a fleet of attached engines whose hashes are their own must show:

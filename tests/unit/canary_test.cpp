@@ -154,7 +154,7 @@ TEST(canary, is_sent_once_the_state_arrives_and_passes_when_its_blocks_come_back
   rc.finished(progress_of(d), false);
 
   // The engine's answer alone does not pass it; its blocks do.
-  rc.canary_answered("a", jobs[0].id, true, "", t0 + 20ms);
+  rc.canary_answered("a", jobs[0].id, 200, "", t0 + 20ms);
   rc.canary_tick(t0 + 30ms);
   EXPECT_EQ(canary_of(rc, "a").state, canary_state::sent);
   auto keys = keys_of(prompt);
@@ -184,7 +184,7 @@ TEST(canary, an_answered_one_whose_blocks_were_lost_is_followed_by_another_promp
   ASSERT_EQ(first.size(), 1u);
   EXPECT_TRUE(rc.canary_tick(t0 + 1500ms).empty()) << "not answered yet: nothing to follow";
   // A second prompt arrives at once after a late answer... once a second passed since the last.
-  rc.canary_answered("a", first[0].id, true, "", t0 + 1600ms);
+  rc.canary_answered("a", first[0].id, 200, "", t0 + 1600ms);
   auto second = rc.canary_tick(t0 + 1600ms);
   ASSERT_EQ(second.size(), 1u) << "answered, a second since it was sent, its blocks not seen";
   EXPECT_NE(prompt_of(second[0]), prompt_of(first[0]));
@@ -202,7 +202,7 @@ TEST(canary, the_last_prompt_of_a_round_passes_it_too) {
   full_copy(rc, "a", {});
   auto job = rc.canary_tick(t0)[0];
   for (int i = 1; i <= 3; ++i) {
-    rc.canary_answered("a", job.id, true, "", t0 + i * 1000ms);
+    rc.canary_answered("a", job.id, 200, "", t0 + i * 1000ms);
     auto next = rc.canary_tick(t0 + i * 1000ms);
     ASSERT_EQ(next.size(), 1u) << i;
     job = next[0];
@@ -210,6 +210,34 @@ TEST(canary, the_last_prompt_of_a_round_passes_it_too) {
   store(rc, "a", gpu(keys_of(prompt_of(job))));
   rc.canary_tick(t0 + 3100ms);
   EXPECT_EQ(canary_of(rc, "a").state, canary_state::passed);
+}
+
+TEST(canary, an_engine_not_listening_yet_gets_another_prompt_until_the_timeout) {
+  router_core rc(two_replicas()); // canary_timeout 10 s
+  full_copy(rc, "a", {});
+  auto job = rc.canary_tick(t0)[0];
+  rc.canary_answered("a", job.id, 0, "connect: Connection refused", t0 + 1ms);
+  EXPECT_EQ(canary_of(rc, "a").state, canary_state::sent) << "not a failure: it is starting";
+  EXPECT_TRUE(rc.canary_tick(t0 + 999ms).empty());
+  auto next = rc.canary_tick(t0 + 1000ms);
+  ASSERT_EQ(next.size(), 1u) << "a second later, another prompt";
+  rc.canary_answered("a", next[0].id, 503, "/v1/completions answered 503: loading", t0 + 1001ms);
+  next = rc.canary_tick(t0 + 2000ms);
+  ASSERT_EQ(next.size(), 1u) << "a 5xx too";
+  // It never answers: the timeout fails it, saying what the last try met.
+  rc.canary_answered("a", next[0].id, 0, "connect: Connection refused", t0 + 2001ms);
+  for (auto t = 3000ms; t < 10000ms; t += 1000ms) {
+    for (auto& j : rc.canary_tick(t0 + t))
+      rc.canary_answered("a", j.id, 0, "connect: Connection refused", t0 + t);
+  }
+  rc.canary_tick(t0 + 10000ms);
+  const auto& c = canary_of(rc, "a");
+  EXPECT_EQ(c.state, canary_state::failed);
+  EXPECT_EQ(c.attempts, 1u);
+  EXPECT_NE(c.reason.find("did not answer the canary completion within 10000 ms (last: connect: "
+                          "Connection refused)"),
+            std::string::npos)
+    << c.reason;
 }
 
 TEST(canary, speculative_entries_do_not_pass_it) {
@@ -243,7 +271,7 @@ TEST(canary, fails_on_blocks_under_other_keys_and_is_sent_again_later) {
   full_copy(rc, "a", {});
   auto jobs = rc.canary_tick(t0);
   ASSERT_EQ(jobs.size(), 1u);
-  rc.canary_answered("a", jobs[0].id, true, "", t0 + 10ms);
+  rc.canary_answered("a", jobs[0].id, 200, "", t0 + 10ms);
   // The engine hashes another way: it stores blocks, but not under our keys.
   auto keys = keys_of(prompt_of(jobs[0]));
   std::vector<wire::block_key> theirs;
@@ -295,9 +323,9 @@ TEST(canary, a_refused_request_fails_it_at_once_and_late_answers_are_ignored) {
   full_copy(rc, "a", {});
   auto jobs = rc.canary_tick(t0);
   ASSERT_EQ(jobs.size(), 1u);
-  rc.canary_answered("a", jobs[0].id + 1, false, "401", t0 + 1ms);
+  rc.canary_answered("a", jobs[0].id + 1, 401, "401", t0 + 1ms);
   EXPECT_EQ(canary_of(rc, "a").state, canary_state::sent) << "an answer for another attempt";
-  rc.canary_answered("a", jobs[0].id, false, "/v1/completions answered 401: no key", t0 + 2ms);
+  rc.canary_answered("a", jobs[0].id, 401, "/v1/completions answered 401: no key", t0 + 2ms);
   const auto& c = canary_of(rc, "a");
   EXPECT_EQ(c.state, canary_state::failed);
   EXPECT_NE(c.reason.find("answered 401"), std::string::npos) << c.reason;
@@ -327,7 +355,7 @@ TEST(canary, an_engine_restart_or_a_lost_agent_sends_it_again) {
   auto again = rc.canary_tick(t0 + 2ms);
   ASSERT_EQ(again.size(), 1u);
   // An answer to the first canary, arriving now, is for the engine before.
-  rc.canary_answered("a", jobs[0].id, false, "late", t0 + 3ms);
+  rc.canary_answered("a", jobs[0].id, 401, "late", t0 + 3ms);
   EXPECT_EQ(canary_of(rc, "a").state, canary_state::sent);
 
   // Its agent goes away before the answer: sent again once state is back.
