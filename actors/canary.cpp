@@ -57,8 +57,12 @@ canary_actor::behavior_type canary(canary_actor::stateful_pointer<canary_state> 
       for (const auto& line : news)
         LLMGW_LOG(info, "canary", "{}", line);
       for (auto& job : jobs) {
-        LLMGW_LOG(info, "canary", "replica {}: sending canary {} to {}", job.replica, job.id,
-                  job.url);
+        if (job.follow_up)
+          LLMGW_LOG(debug, "canary", "replica {}: canary {} follows, to {}", job.replica, job.id,
+                    job.url);
+        else
+          LLMGW_LOG(info, "canary", "replica {}: sending canary {} to {}", job.replica, job.id,
+                    job.url);
         send(self, std::move(job));
       }
       self->delayed_send(self, canary_interval, poll_atom::value);
@@ -69,7 +73,7 @@ canary_actor::behavior_type canary(canary_actor::stateful_pointer<canary_state> 
       self->state.shared->with([&](routing::router_core& core, routing::router_stats&) {
         core.canary_answered(replica, id, status, error, now);
       });
-      if (status != 200 && status != 0 && status < 500)
+      if (status != 200 && status != 0 && status < 500 && status != 408 && status != 429)
         LLMGW_LOG(warning, "canary",
                   "replica {}: canary {} refused ({}): routed by the prefix tree until one "
                   "passes (set canary = false on an engine that cannot take it)",

@@ -33,7 +33,8 @@ void apply_update(routing::router_core& core, routing::router_stats& stats, cons
     return;
   }
   auto h = *kv.find(u.replica, u.dp_rank);
-  if (stats.totals.size() <= h)
+  bool first = stats.totals.size() <= h; // no totals seen for this rank yet
+  if (first)
     stats.totals.resize(static_cast<std::size_t>(h) + 1);
   // A clear, a restart or an exit emptied the engine's cache: what tier 1
   // remembers sending there is gone from it too. A count that went down is
@@ -42,7 +43,9 @@ void apply_update(routing::router_core& core, routing::router_stats& stats, cons
     core.forget_sent(u.replica);
   // A new engine process (or a new agent, whose counts start again) may
   // hash or publish differently from the one its canary checked.
-  if (kv::restarts(u.totals) != kv::restarts(stats.totals[h]))
+  // A rank seen for the first time is no restart: its counts are history
+  // (a late rank must not start its replica's canary over).
+  if (!first && kv::restarts(u.totals) != kv::restarts(stats.totals[h]))
     core.canary_again(u.replica);
   stats.totals[h] = u.totals;
   if (kv::routable(was) && !kv::routable(kv.info(h).parity)) {

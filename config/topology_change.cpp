@@ -12,7 +12,7 @@ auto tied(const router_settings& r) {
                   r.decode_ms_per_request, r.max_batched_tokens, r.speculative_ttl,
                   r.engine_load_max_age, r.distrust_shortfall_share, r.tier1_chunk_bytes,
                   r.tier1_capacity, r.tier1_ttl, r.tokenize_timeout, r.tokenize_cache_entries,
-                  r.tokenize_cache_mib);
+                  r.tokenize_cache_mib, r.canary_timeout, r.canary_retry);
 }
 
 auto tied(const gateway_settings& g) {
@@ -29,8 +29,7 @@ auto tied_cluster(const topology& t) {
 
 auto tied(const engine_spec& e) {
   return std::tie(e.replica, e.model, e.url, e.lora, e.kv_events, e.events_port, e.events, e.topic,
-                  e.dp_size, e.launch, e.replay, e.replay_endpoint, e.translate_keys, e.kind,
-                  e.canary);
+                  e.dp_size, e.launch, e.replay, e.replay_endpoint, e.translate_keys, e.kind);
 }
 
 /// Every engine of `t` (of node `only` when set) with its owner's name.

@@ -7,10 +7,12 @@
 // that prompt's block keys the way it computes any request's. The canary
 // passes when the engine's own events (no speculative entries) show those
 // blocks on any rank of the replica; it fails when they have not appeared
-// canary_timeout after it was sent, or the engine refused the request (a
-// 4xx). An engine that does not answer yet (it is starting: the agent's
-// state arrives before the engine listens) or answers 5xx gets a new
-// prompt every second until then.
+// canary_timeout after the engine first answered one of its prompts, or the
+// engine refused the request (a 4xx but 408 and 429). An engine that does
+// not answer yet (it is starting: the agent's state arrives before the
+// engine listens), or answers 5xx, 408 or 429, gets a new prompt every
+// second, except while the gateway has it marked down (its health probes
+// fail: vLLM listens only once its model is loaded).
 // While the engine has answered but its blocks have not appeared, another
 // prompt follows every second (four flush intervals, if longer), any of
 // whose blocks pass it: an engine's first event batch can be lost (a PUB
@@ -66,10 +68,12 @@ struct canary_record {
   std::chrono::steady_clock::time_point retry_at{};  ///< failed: when to send the next one
   bool answered = false;                             ///< the engine answered the last prompt (200)
   bool answered_any = false;                         ///< it answered one of this round's
-  bool unanswered = false;                           ///< the last prompt got no answer, or a 5xx
-  std::string last_error;                            ///< what that was
-  std::string reason;                                ///< failed: why, in words
-  std::int32_t rank = -1;                            ///< passed: the rank whose events showed it
+  bool unanswered = false; ///< the last prompt got no answer, or a 5xx, 408 or 429
+  bool heard = false;      ///< the engine answered one of this round's, whatever the status
+  std::chrono::steady_clock::time_point heard_at{}; ///< when first: the timeout runs from here
+  std::string last_error;                           ///< what that was
+  std::string reason;                               ///< failed: why, in words
+  std::int32_t rank = -1;                           ///< passed: the rank whose events showed it
   double seconds = 0; ///< passed: from sending to its blocks appearing
   std::uint64_t attempts = 0;
   std::uint64_t passes = 0;
@@ -86,6 +90,7 @@ struct canary_job {
   std::uint64_t id = 0;
   std::string url;
   std::string body;
+  bool follow_up = false; ///< another prompt of a round already sent
 };
 
 /// How many tokens a canary prompt has at block size `block_size`: whole

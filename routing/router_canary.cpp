@@ -88,13 +88,17 @@ void router_core::canary_answered(const std::string& replica, std::uint64_t id, 
   if (!r || r->canary.state != canary_state::sent || r->canary.id != id)
     return;
   auto& c = r->canary;
+  if (status != 0 && !c.heard) {
+    c.heard = true; // the engine is up: the round's timeout runs from here
+    c.heard_at = now;
+  }
   if (status == 200) {
     c.answered = true;
     c.answered_any = true;
     return; // its blocks may still be on their way: canary_tick() looks
   }
-  if (status == 0 || status >= 500) {
-    c.unanswered = true; // starting, or busy: canary_tick() sends another
+  if (status == 0 || status >= 500 || status == 408 || status == 429) {
+    c.unanswered = true; // starting, busy or failing: canary_tick() sends another
     c.last_error = error;
     return;
   }
@@ -110,10 +114,11 @@ std::vector<canary_job> router_core::canary_tick(std::chrono::steady_clock::time
                                                  std::vector<std::string>* news) {
   std::vector<canary_job> jobs;
   for (auto& r : replicas_) {
-    if (r.retired || !r.canary_wanted)
-      continue;
     auto& c = r.canary;
+    if (r.retired || c.state == canary_state::off || c.state == canary_state::passed)
+      continue;
     auto ranks = kv_.holders_of(r.name);
+    bool follow_up = false;
     if (c.state == canary_state::sent) {
       auto shows = [&](holder_id h, std::size_t blocks) {
         for (const auto& k : c.keys)
@@ -126,6 +131,7 @@ std::vector<canary_job> router_core::canary_tick(std::chrono::steady_clock::time
         if (kv_.info(h).has_state && shows(h, static_cast<std::size_t>(-1))) {
           c.state = canary_state::passed;
           c.reason.clear();
+          c.last_error.clear();
           c.rank = static_cast<std::int32_t>(kv_.info(h).dp_rank);
           c.seconds = std::chrono::duration<double>(now - c.sent_at).count();
           ++c.passes;
@@ -135,7 +141,8 @@ std::vector<canary_job> router_core::canary_tick(std::chrono::steady_clock::time
                                         r.name, c.id, c.rank, c.seconds));
           break;
         }
-      if (c.state == canary_state::sent && now - c.sent_at >= settings_.canary_timeout) {
+      if (c.state == canary_state::sent && c.heard
+          && now - c.heard_at >= settings_.canary_timeout) {
         // Where did its blocks go, if anywhere?
         std::string elsewhere;
         for (const auto& other : replicas_)
@@ -143,16 +150,16 @@ std::vector<canary_job> router_core::canary_tick(std::chrono::steady_clock::time
             for (auto h : kv_.holders_of(other.name))
               if (elsewhere.empty() && shows(h, 1))
                 elsewhere = other.name;
-        auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - c.sent_at);
+        auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - c.heard_at);
         if (!elsewhere.empty())
           c.reason = fmt::format(
             "the canary prompt's blocks appeared in replica {}'s events, not in these: this "
             "replica's url and its events endpoint belong to different engines",
             elsewhere);
         else if (!c.answered_any)
-          c.reason = fmt::format("the engine did not answer the canary completion within {} ms{}",
-                                 waited.count(),
-                                 c.last_error.empty() ? "" : " (last: " + c.last_error + ")");
+          c.reason = fmt::format("the engine answered no canary completion with 200 in {} ms "
+                                 "(last: {})",
+                                 waited.count(), c.last_error);
         else
           c.reason = fmt::format(
             "the engine answered the canary completion, but its events did not show the "
@@ -170,21 +177,23 @@ std::vector<canary_job> router_core::canary_tick(std::chrono::steady_clock::time
                                       "tree; sent again in {} ms)",
                                       r.name, c.id, c.reason, settings_.canary_retry.count()));
       }
-      // Answered, and still nothing: another prompt, whose batch reveals a
-      // lost first one (see the top of canary.hpp).
+      // Answered and still nothing, or not answered yet: another prompt
+      // (see the top of canary.hpp), unless the engine is marked down.
       if (c.state != canary_state::sent || !(c.answered || c.unanswered)
-          || now - c.resent_at < canary_resend_)
+          || now - c.resent_at < canary_resend_ || r.down(now))
         continue;
+      follow_up = true;
     } else {
       bool due =
         c.state == canary_state::waiting || (c.state == canary_state::failed && now >= c.retry_at);
       bool has_state =
         std::any_of(ranks.begin(), ranks.end(), [&](holder_id h) { return kv_.info(h).has_state; });
-      if (!due || !has_state)
+      if (!due || !has_state || r.down(now))
         continue;
       c.keys.clear();
       c.state = canary_state::sent;
       c.sent_at = now;
+      c.heard = false;
       c.answered_any = false;
       c.last_error.clear();
       c.rank = -1;
@@ -203,7 +212,7 @@ std::vector<canary_job> router_core::canary_tick(std::chrono::steady_clock::time
     c.resent_at = now;
     c.answered = false;
     c.unanswered = false;
-    jobs.push_back({r.name, c.id, r.url, canary_body(r.model, tokens)});
+    jobs.push_back({r.name, c.id, r.url, canary_body(r.model, tokens), follow_up});
   }
   return jobs;
 }

@@ -53,8 +53,7 @@ router_core::replica_entry entry_of(const config::node_spec& n, const config::en
 
 bool same_entry(const router_core::replica_entry& a, const router_core::replica_entry& b) {
   return a.name == b.name && a.node == b.node && a.model == b.model && a.lora == b.lora
-         && a.url == b.url && a.kv_events == b.kv_events && a.dp_size == b.dp_size
-         && a.canary_wanted == b.canary_wanted;
+         && a.url == b.url && a.kv_events == b.kv_events && a.dp_size == b.dp_size;
 }
 
 } // namespace
@@ -85,8 +84,15 @@ void router_core::apply_topology(const config::topology& topo) {
     auto live = std::find_if(replicas_.begin(), replicas_.end(), [&](const replica_entry& r) {
       return !r.retired && r.name == w.name;
     });
-    if (live != replicas_.end())
-      continue; // unchanged: keeps its state
+    if (live != replicas_.end()) {
+      // Unchanged: keeps its state. Its canary may have been switched.
+      if (live->canary_wanted != w.canary_wanted) {
+        live->canary_wanted = w.canary_wanted;
+        live->canary.state = w.canary_wanted ? canary_state::waiting : canary_state::off;
+        live->canary.id = 0;
+      }
+      continue;
+    }
     w.incarnation = ++incarnations_;
     // The slot it had, else any free one, else a new one.
     auto slot = std::find_if(replicas_.begin(), replicas_.end(),

@@ -127,6 +127,8 @@ std::string kv_replicas_json(const router_core& core, const router_stats& stats,
     }
     if (!c.reason.empty())
       canary["reason"] = c.reason;
+    if (c.state == canary_state::sent && !c.last_error.empty())
+      canary["last_error"] = c.last_error; // why the engine has not answered yet
     if (c.state == canary_state::failed)
       canary["retry_in_seconds"] =
         std::max(0.0, std::chrono::duration<double>(c.retry_at - now).count());
@@ -276,11 +278,13 @@ void append_router_metrics(wire::metrics_text& m, const router_core& core,
       m.counter("llmgw_kv_distrusts_total", "Times the replica's KV state became distrusted.",
                 static_cast<double>(r.distrusts), who);
       if (r.canary_wanted) {
-        m.gauge("llmgw_kv_canary",
-                "1 for the replica's canary state (waiting, sent, passed, failed): until a "
-                "canary prompt's blocks come back in its events under llmgw's keys, it is "
-                "scored by tier 1.",
-                1, {{"replica", r.name}, {"state", to_string(r.canary.state)}});
+        for (auto st : {canary_state::waiting, canary_state::sent, canary_state::passed,
+                        canary_state::failed})
+          m.gauge("llmgw_kv_canary",
+                  "1 for the replica's canary state (waiting, sent, passed, failed), 0 for the "
+                  "others: until a canary prompt's blocks come back in its events under "
+                  "llmgw's keys, it is scored by tier 1.",
+                  r.canary.state == st ? 1 : 0, {{"replica", r.name}, {"state", to_string(st)}});
         for (auto [result, n] :
              {std::pair{"passed", r.canary.passes}, {"failed", r.canary.failures}})
           m.counter("llmgw_kv_canaries_total", "Canaries finished per replica, by result.",

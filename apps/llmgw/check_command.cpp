@@ -56,10 +56,12 @@ void add_check_command(CLI::App& app, int& exit_code) {
         fmt::print(", gateway http://{}:{}", n.http_host, n.http_port);
       fmt::print("\n");
       for (const auto& e : n.engines) {
-        fmt::print("    engine {} model {} at {}{}{}{}\n", e.replica, e.model, e.url,
+        fmt::print("    engine {} model {} at {}{}{}{}{}\n", e.replica, e.model, e.url,
                    e.kv_events ? ", kv events" : ", prefix tree only",
                    e.launch.empty() ? ", attached" : ", launched",
-                   e.kv_events && !e.translate_keys ? ", engine's own block keys" : "");
+                   e.kv_events && !e.translate_keys ? ", engine's own block keys" : "",
+                   e.kv_events && !e.canary ? ", no canary (routed on its KV state unchecked)"
+                                            : "");
         for (const auto& note : config::events_notes(e))
           fmt::print("      {}\n", note);
       }

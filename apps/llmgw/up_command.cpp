@@ -185,10 +185,18 @@ std::size_t replicas_trusted(http_client& http, const std::string& base,
         continue;
       }
       const auto& c = rep.at("canary").as_object();
-      auto line = fmt::format("{}: canary {}", json::value_to<std::string>(rep.at("replica")),
-                              json::value_to<std::string>(c.at("state")));
-      if (const auto* why = c.if_contains("reason"))
-        line += ": " + json::value_to<std::string>(*why);
+      auto name = json::value_to<std::string>(rep.at("replica"));
+      auto state = json::value_to<std::string>(c.at("state"));
+      std::string line;
+      if (state == "passed" || state == "off") {
+        // Held back by something else: its parity, say.
+        line = name + ": not routed on its KV state (see llmgw status)";
+      } else {
+        line = fmt::format("{}: canary {}", name, state);
+        for (const char* key : {"reason", "last_error"})
+          if (const auto* why = c.if_contains(key))
+            line += ": " + json::value_to<std::string>(*why);
+      }
       pending.push_back(std::move(line));
     }
   return n;
@@ -398,7 +406,9 @@ bool wait_for_canaries(cluster_run& r) {
   if (r.wait_until([&] { return replicas_trusted(r.http, r.admins[0], pending) >= r.with_events; },
                    100ms))
     return true;
-  fmt::print(stderr, "llmgw up: not every replica passed its canary in {} s; logs in {}\n",
+  fmt::print(stderr,
+             "llmgw up: not every replica is routed on its KV state (its canary passed) in {} "
+             "s; logs in {}\n",
              r.ready_timeout_s, r.logs);
   for (const auto& p : pending)
     fmt::print(stderr, "  {}\n", p);
