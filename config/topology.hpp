@@ -152,7 +152,7 @@ struct router_settings {
   std::size_t tokenize_cache_entries = 4096;
   std::size_t tokenize_cache_mib = 256; ///< the cache's bytes at most, in MiB
   /// A canary (engine_spec::canary) fails when its blocks have not appeared
-  /// in the engine's events this long after it was sent.
+  /// in the engine's events this long after the engine first answered it.
   std::chrono::milliseconds canary_timeout{30000};
   /// A failed canary is sent again this long after it failed.
   std::chrono::milliseconds canary_retry{60000};
