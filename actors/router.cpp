@@ -42,9 +42,9 @@ void apply_update(routing::router_core& core, routing::router_stats& stats, cons
   if (kv::emptied(u.totals) != kv::emptied(stats.totals[h]))
     core.forget_sent(u.replica);
   // A new engine process (or a new agent, whose counts start again) may
-  // hash or publish differently from the one its canary checked.
-  // A rank seen for the first time is no restart: its counts are history
-  // (a late rank must not start its replica's canary over).
+  // hash or publish differently from the one its canary checked. A rank
+  // seen for the first time is no restart: its counts are history, and a
+  // late rank must not start its replica's canary over.
   if (!first && kv::restarts(u.totals) != kv::restarts(stats.totals[h]))
     core.canary_again(u.replica);
   stats.totals[h] = u.totals;
